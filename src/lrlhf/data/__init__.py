@@ -1,0 +1,1 @@
+"""Data: formats -> normalised records -> token ids + masks -> batches; LightningDataModules; the toy world."""

@@ -1,0 +1,69 @@
+"""Normalised records: the one shape every input format is turned into.
+
+Every reader in :mod:`lrlhf.data` produces these, and everything downstream (tokenisation, datamodules, the
+toy world's writers and evaluation) consumes them, so a format is supported once, in one place.
+
+A *message* is a plain ``{"role": str, "content": str}`` dict (roles ``system``, ``user``, ``assistant``),
+which is what ``tokenizer.apply_chat_template`` takes. A *conversation* is a list of messages.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+ROLES = ("system", "user", "assistant")
+
+
+class Message(TypedDict):
+    role: str
+    content: str
+
+
+Conversation = list[Message]
+
+
+@dataclass
+class SFTExample:
+    """A conversation to imitate. Assistant turns are the targets (all of them or the last, by config)."""
+
+    messages: Conversation
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PreferencePair:
+    """Two continuations of one prompt, with the probability that ``chosen`` is preferred.
+
+    ``prompt`` ends with the turn the continuations answer (normally a user turn); ``chosen`` and
+    ``rejected`` hold the continuation messages (normally a single assistant message).
+    ``target`` = P(chosen > rejected): 1.0 for a hard label, 0.5 for an explicit tie.
+    """
+
+    prompt: Conversation
+    chosen: Conversation
+    rejected: Conversation
+    target: float = 1.0
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Ranking:
+    """K continuations of one prompt with their ranks: 1 is best, equal ranks are ties."""
+
+    prompt: Conversation
+    completions: list[Conversation]
+    ranks: list[int]
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class PromptExample:
+    """A prompt for RL rollouts or evaluation (``meta`` carries task data, e.g. for the toy world's utility)."""
+
+    prompt: Conversation
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
