@@ -43,9 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     figures = smoke()
     print("lrlhf: the Hydra CLI and recipes are not here yet (issue #7).")
-    print("smoke check of lrlhf.functional on a synthetic rollout: " + ", ".join(
-        f"{k}={v:.4f}" for k, v in figures.items()
-    ))
+    print(
+        "smoke check of lrlhf.functional on a synthetic rollout: "
+        + ", ".join(f"{k}={v:.4f}" for k, v in figures.items())
+    )
     if argv:
         print(f"ignored arguments: {' '.join(argv)}")
     return 0

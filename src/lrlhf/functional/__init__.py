@@ -1,0 +1,70 @@
+"""Pure tensor math of RLHF: masks, log-probs, KL, reward shaping, GAE, whitening, losses.
+
+This subpackage imports only torch (no Lightning, transformers, peft or Hydra). Every function documents
+the tensor shapes and which positions a mask marks valid; see the README for the conventions
+(one reward slot per action, the score added once at the terminal action).
+"""
+
+from lrlhf.functional.advantages import gae
+from lrlhf.functional.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    kl_abs,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_penalty,
+)
+from lrlhf.functional.logprobs import entropy_from_logits, token_logprobs
+from lrlhf.functional.losses import (
+    DPOStats,
+    PolicyLossStats,
+    ValueLossStats,
+    bradley_terry_loss,
+    dpo_loss,
+    explained_variance,
+    ppo_policy_loss,
+    ranking_loss,
+    value_loss,
+)
+from lrlhf.functional.masks import (
+    ResponseMasks,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    response_masks,
+)
+from lrlhf.functional.rewards import ShapedRewards, shape_rewards
+
+__all__ = [
+    "KL_ESTIMATORS",
+    "AdaptiveKLController",
+    "DPOStats",
+    "FixedKLController",
+    "PolicyLossStats",
+    "ResponseMasks",
+    "ShapedRewards",
+    "ValueLossStats",
+    "bradley_terry_loss",
+    "dpo_loss",
+    "entropy_from_logits",
+    "explained_variance",
+    "gae",
+    "kl_abs",
+    "kl_k1",
+    "kl_k2",
+    "kl_k3",
+    "kl_penalty",
+    "masked_mean",
+    "masked_sum",
+    "masked_var",
+    "masked_whiten",
+    "ppo_policy_loss",
+    "ranking_loss",
+    "response_masks",
+    "shape_rewards",
+    "token_logprobs",
+    "value_loss",
+]

@@ -1,0 +1,66 @@
+import math
+
+import pytest
+import torch
+
+from lrlhf.functional import entropy_from_logits, token_logprobs
+
+
+def test_token_logprobs_by_hand_with_temperature():
+    logits = torch.log(torch.tensor([[1.0, 2.0, 3.0]]))
+    # T = 1: probs 1/6, 2/6, 3/6 -> token 2 has log(1/2)
+    assert token_logprobs(logits, torch.tensor([2])).item() == pytest.approx(math.log(0.5), abs=1e-6)
+    # T = 0.5: logits / T = log([1, 4, 9]) -> probs 1/14, 4/14, 9/14 -> token 1 has log(4/14)
+    out = token_logprobs(logits, torch.tensor([1]), temperature=0.5)
+    assert out.item() == pytest.approx(math.log(4 / 14), abs=1e-6)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7, 1.3])
+@pytest.mark.parametrize("chunk_rows", [1, 3, 512])
+def test_token_logprobs_equals_log_softmax_gather(temperature, chunk_rows):
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 11, generator=g) * 4
+    tokens = torch.randint(0, 11, (2, 5), generator=g)
+    expected = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    out = token_logprobs(logits, tokens, temperature=temperature, chunk_rows=chunk_rows)
+    # log-probs reach -20 here, where one fp32 ulp is 1.9e-6: the tolerance is relative as well
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_token_logprobs_upcasts_bf16_to_fp32():
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 4, 9, generator=g) * 3).bfloat16()
+    tokens = torch.randint(0, 9, (3, 4), generator=g)
+    out = token_logprobs(logits, tokens, temperature=0.7)
+    assert out.dtype == torch.float32
+    expected = torch.log_softmax(logits.float() / 0.7, dim=-1).gather(-1, tokens[..., None]).squeeze(-1)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=0)
+
+
+def test_token_logprobs_gradient_matches_finite_differences():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 5, generator=g, dtype=torch.float64).requires_grad_()
+    tokens = torch.randint(0, 5, (2, 3), generator=g)
+    assert torch.autograd.gradcheck(lambda z: token_logprobs(z, tokens, temperature=0.8, chunk_rows=2), (logits,))
+    assert torch.autograd.gradcheck(lambda z: entropy_from_logits(z, temperature=0.8, chunk_rows=2), (logits,))
+
+
+def test_token_logprobs_shape_mismatch_and_bad_temperature():
+    with pytest.raises(ValueError, match="do not align"):
+        token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="temperature"):
+        token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 3, dtype=torch.long), temperature=0.0)
+
+
+def test_entropy_by_hand():
+    logits = torch.log(torch.tensor([[1.0, 2.0, 3.0], [1.0, 1.0, 1.0]]))
+    p = [1 / 6, 2 / 6, 3 / 6]
+    expected = [-sum(q * math.log(q) for q in p), math.log(3)]
+    torch.testing.assert_close(entropy_from_logits(logits), torch.tensor(expected), atol=1e-6, rtol=0)
+
+
+def test_entropy_matches_categorical_with_temperature():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 4, 13, generator=g) * 3
+    expected = torch.distributions.Categorical(logits=logits.double() / 0.6).entropy().float()
+    torch.testing.assert_close(entropy_from_logits(logits, 0.6, chunk_rows=3), expected, atol=1e-6, rtol=0)
