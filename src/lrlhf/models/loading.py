@@ -1,0 +1,118 @@
+"""Loading causal LMs and tokenizers: hub id or local path, GGUF files, 4-bit / 8-bit quantisation."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATIONS = (None, "4bit", "8bit")
+
+
+@dataclass
+class ModelConfig:
+    """Where a causal LM comes from and how to load it."""
+
+    name_or_path: str
+    """A hub id (where the network allows) or a local folder written by ``save_pretrained``. A folder
+    holding a peft adapter (``adapter_config.json``) is loaded onto its base and merged (see
+    :func:`load_causal_lm`)."""
+    gguf_file: str | None = None
+    """File name of a GGUF checkpoint inside ``name_or_path`` (dequantised to ``dtype`` on load)."""
+    dtype: str = "float32"
+    """Weights dtype: one of ``float32``, ``bfloat16``, ``float16``."""
+    attn_implementation: str | None = None
+    """``eager``, ``sdpa``, ``flash_attention_2``...; None lets transformers choose."""
+    quantization: str | None = None
+    """None, ``4bit`` (NF4, double quantisation; QLoRA) or ``8bit``, through bitsandbytes."""
+    trust_remote_code: bool = False
+    """Run code shipped with the checkpoint. Off unless you trust its source."""
+    revision: str | None = None
+    """Hub revision (branch, tag or commit)."""
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"model.dtype={self.dtype!r} is not supported; choose one of {sorted(DTYPES)}")
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"model.quantization={self.quantization!r}; choose one of {QUANTIZATIONS}")
+        if self.quantization and self.gguf_file:
+            raise ValueError("model.quantization and model.gguf_file cannot be combined: GGUF is dequantised on load")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+
+def _quantization_config(cfg: ModelConfig):
+    from transformers import BitsAndBytesConfig
+
+    if cfg.quantization == "4bit":
+        return BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=cfg.torch_dtype,
+        )
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def _adapter_base(path: str) -> str | None:
+    config = Path(path) / "adapter_config.json"
+    if not config.is_file():
+        return None
+    base = json.loads(config.read_text()).get("base_model_name_or_path")
+    if not base:
+        raise ValueError(f"{config}: a LoRA adapter without base_model_name_or_path cannot be loaded on its own")
+    return base
+
+
+def load_causal_lm(cfg: ModelConfig):
+    """Load a causal LM in training mode.
+
+    If ``cfg.name_or_path`` is a LoRA adapter folder, its base is loaded and the adapter **merged**: the
+    PPO reference is "the base with every adapter disabled", so an SFT model that is still an adapter would
+    otherwise vanish from the reference (TRL #495) and the KL would be measured against the pre-SFT model.
+    """
+    from transformers import AutoModelForCausalLM
+
+    base = _adapter_base(cfg.name_or_path)
+    kwargs = dict(
+        dtype=cfg.torch_dtype,
+        trust_remote_code=cfg.trust_remote_code,
+        revision=cfg.revision,
+    )
+    if cfg.attn_implementation:
+        kwargs["attn_implementation"] = cfg.attn_implementation
+    if cfg.gguf_file:
+        kwargs["gguf_file"] = cfg.gguf_file
+    if cfg.quantization:
+        if base is not None:
+            raise ValueError("a LoRA adapter as the starting model must be merged in full precision first")
+        kwargs["quantization_config"] = _quantization_config(cfg)
+    model = AutoModelForCausalLM.from_pretrained(base or cfg.name_or_path, **kwargs)
+    if base is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, cfg.name_or_path).merge_and_unload()
+    model.train()  # transformers returns eval mode
+    return model
+
+
+def load_tokenizer(cfg: ModelConfig):
+    """The tokenizer saved with the model (or with the adapter's base), with a pad token guaranteed."""
+    from transformers import AutoTokenizer
+
+    path = cfg.name_or_path
+    if _adapter_base(path) is not None and not (Path(path) / "tokenizer_config.json").is_file():
+        path = _adapter_base(path)
+    kwargs = dict(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
+    if cfg.gguf_file:
+        kwargs["gguf_file"] = cfg.gguf_file
+    tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    if tokenizer.pad_token_id is None:
+        # Padding positions are always masked, so reusing EOS is safe; masks never come from the pad id.
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
