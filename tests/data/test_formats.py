@@ -395,3 +395,21 @@ def test_empty_file_is_an_error(tmp_path):
 def test_load_records_prints_the_summary_when_verbose(tmp_path, capsys):
     load_records(write(tmp_path, [{"prompt": "q", "completion": "a"}]), "sft")
     assert capsys.readouterr().out.startswith("data summary: data.jsonl (sft, format prompt_completion)\n")
+
+
+@pytest.mark.parametrize(
+    ("extra", "expected"),
+    [
+        ({"target": True}, "field 'target' must be a number in \\[0, 1\\], got bool"),
+        ({"tie": True, "target": 0.9}, "fields 'tie' \\(true\\) and 'target' \\(0.9\\) disagree"),
+        ({"tie": "yes"}, "field 'tie' must be true or false, got str"),
+    ],
+)
+def test_bad_labels_are_named(tmp_path, extra, expected):
+    with pytest.raises(DataFormatError, match=r"data\.jsonl:1: " + expected):
+        load(tmp_path, [{"prompt": "p", "chosen": "a", "rejected": "b", **extra}], "preference")
+
+
+def test_hh_transcript_without_markers_is_an_error(tmp_path):
+    with pytest.raises(DataFormatError, match=r"data\.jsonl:1: field 'chosen' is not an HH transcript"):
+        load(tmp_path, [{"chosen": "Human: hi Assistant: yo", "rejected": HH_REJECTED}], "preference")
