@@ -1,0 +1,507 @@
+"""Input formats -> normalised records (:mod:`lrlhf.data.records`), with a summary of counts.
+
+One format is one small reader function, registered for one record kind with the fields it needs.
+:func:`load_records` reads a source, picks the format from the first record's keys (or ``format=``),
+runs the reader on every row and returns the records and a :class:`~lrlhf.data.summary.DataSummary`.
+
+Kinds and formats (``FORMATS[kind]`` lists them in detection order):
+
+- ``sft``: ``messages`` ``{"messages": [{role, content}]}``; ``sharegpt`` ``{"conversations":
+  [{from, value}], "system"?}`` (from: human/user, gpt/assistant, system); ``alpaca`` ``{instruction,
+  input?, output, system?, history?}`` (user turn = instruction, then a newline and the input when it is
+  not blank, as LLaMA-Factory joins them); ``self_instruct`` ``{instruction, instances: [{input, output}]}``
+  (the *first* instance only, joined like alpaca, so one instruction never yields several prompts that a
+  prompt split could separate); ``prompt_completion`` ``{prompt, completion}`` (strings or message lists).
+- ``preference``: ``sharegpt_pairwise`` ``{conversations, chosen: {from, value}, rejected: {...}}``;
+  ``hh_rlhf`` ``{chosen: transcript, rejected: transcript}`` with ``\\n\\nHuman:`` / ``\\n\\nAssistant:``
+  markers; ``pairwise`` ``{prompt?, chosen, rejected, tie?, target?}``. ``target`` is P(chosen wins) in
+  [0, 1]; ``"tie": true`` means 0.5.
+- ``ranking``: ``{prompt, completions: [...], ranks: [int, ...]}``, rank 1 best, equal ranks are ties.
+- ``prompt``: ``{"prompt": str | messages}``, or any SFT format, whose prompt is everything before the
+  last assistant turn.
+
+Rules every reader follows:
+
+- A string prompt becomes one user message, a string completion one assistant message.
+- Top-level keys a format does not use are kept in the record's ``meta`` (the toy world keeps task data
+  there); ``source`` is the file or dataset name.
+- A prompt must end with a user turn; a continuation must start with an assistant turn; ``system`` may
+  only come first. Consecutive turns of one role are accepted (real data has them, e.g. 4 HH-RLHF prompts);
+  a chat template that insists on alternation will say so at tokenisation.
+- **Shared-prefix rule** (``hh_rlhf``, and ``pairwise`` given full conversations and no prompt): each side
+  is cut before its *last* assistant turn; when both cut-off prefixes are equal, that prefix is the prompt
+  and the rest of each side (the last assistant turn) is the continuation. Otherwise the pair has no
+  shared prompt and is dropped, counted as ``no_shared_prefix``: its two sides answer different
+  conversations, so its label is not a preference between two answers to one prompt. (HH-RLHF
+  harmless-base test: 2,307 of 2,312 pairs share a prefix, 5 are dropped.) HH turns are stripped of
+  surrounding whitespace.
+- Skippable records are dropped and counted: identical chosen and rejected (``drop_identical``), an SFT
+  example whose last assistant turn is blank (nothing to imitate). An empty *preference* continuation is
+  kept: an empty answer can rightly win or lose (HH-RLHF has four such chosen answers).
+- Anything else that does not fit raises :class:`~lrlhf.data.errors.DataFormatError` naming the record,
+  the field, and the formats (or roles, or range) accepted.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from lrlhf.data.errors import DataFormatError
+from lrlhf.data.records import ROLES, Conversation, PreferencePair, PromptExample, Ranking, SFTExample
+from lrlhf.data.sources import read_rows
+from lrlhf.data.summary import EMPTY_RESPONSE, IDENTICAL, NO_SHARED_PREFIX, DataSummary
+from lrlhf.data.writers import write_jsonl
+
+__all__ = ["FORMATS", "KINDS", "DataFormatError", "Format", "load_records", "read_record", "write_jsonl"]
+
+logger = logging.getLogger(__name__)
+
+Record = SFTExample | PreferencePair | Ranking | PromptExample
+KINDS = ("sft", "preference", "ranking", "prompt")
+
+SHAREGPT_ROLES = {
+    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"
+}
+HH_MARKER = re.compile(r"\n\n(Human|Assistant):")
+HH_ROLES = {"Human": "user", "Assistant": "assistant"}
+
+
+class SkipRecord(Exception):
+    """Raised by a reader for a record that is dropped and counted under ``reason``, not an error."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Format:
+    """A registered reader: ``read(row, ctx)`` turns one raw row into one record of ``kind``.
+
+    ``required`` keys make the format detectable; ``optional`` keys are read too (not copied to ``meta``).
+    ``detect`` refines detection when keys alone are ambiguous.
+    """
+
+    name: str
+    kind: str
+    read: Callable[[dict[str, Any], _Ctx], Record]
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+    detect: Callable[[dict[str, Any]], bool] | None = None
+
+    def matches(self, row: dict[str, Any]) -> bool:
+        if not all(key in row for key in self.required):
+            return False
+        return self.detect is None or self.detect(row)
+
+    def describe(self) -> str:
+        optional = f"; optional {', '.join(self.optional)}" if self.optional else ""
+        return f"{self.name} ({', '.join(self.required)}{optional})"
+
+
+FORMATS: dict[str, dict[str, Format]] = {kind: {} for kind in KINDS}
+
+
+def _register(kind: str, name: str, required: tuple[str, ...], optional: tuple[str, ...] = (), detect=None):
+    def add(read):
+        FORMATS[kind][name] = Format(name, kind, read, required, optional, detect)
+        return read
+
+    return add
+
+
+def supported_formats(kind: str) -> str:
+    """One line listing the formats of ``kind`` with their fields, for error messages."""
+    return "; ".join(fmt.describe() for fmt in _formats_of(kind).values())
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """Where a row came from and which format reads it: everything an error message needs."""
+
+    where: str
+    fmt: Format
+    source: str
+
+    def error(self, message: str) -> DataFormatError:
+        return DataFormatError(
+            f"{self.where}: {message}. Format {self.fmt.describe()}; "
+            f"supported {self.fmt.kind} formats: {supported_formats(self.fmt.kind)}"
+        )
+
+    def get(self, row: dict[str, Any], key: str, types: type | tuple[type, ...], what: str, *,
+            optional: bool = False):
+        """``row[key]`` checked against ``types``; ``None`` counts as absent (parquet fills missing cells)."""
+        value = row.get(key)
+        if value is None:
+            if optional:
+                return None
+            raise self.error(f"field {key!r} is missing")
+        if not isinstance(value, types) or isinstance(value, bool) and bool not in _as_tuple(types):
+            raise self.error(f"field {key!r} must be {what}, got {type(value).__name__}")
+        return value
+
+    def meta(self, row: dict[str, Any]) -> dict[str, Any]:
+        used = set(self.fmt.required) | set(self.fmt.optional)
+        return {key: value for key, value in row.items() if key not in used}
+
+
+def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
+    return types if isinstance(types, tuple) else (types,)
+
+
+# --- conversations -------------------------------------------------------------------------------------
+
+
+def _conversation(value: Any, ctx: _Ctx, field: str, string_role: str) -> Conversation:
+    """A string (one ``string_role`` message) or a list of ``{role, content}`` dicts, as a conversation."""
+    if isinstance(value, str):
+        return [{"role": string_role, "content": value}]
+    if not isinstance(value, list):
+        raise ctx.error(f"field {field!r} must be a string or a list of {{role, content}} messages")
+    messages = []
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise ctx.error(f"{field}[{i}] must be a {{role, content}} message with string content")
+        if message.get("role") not in ROLES:
+            allowed = ", ".join(ROLES)
+            raise ctx.error(f"{field}[{i}].role is {message.get('role')!r}; allowed roles: {allowed}")
+        messages.append({"role": message["role"], "content": message["content"]})
+    _check_system_first(messages, ctx, field)
+    return messages
+
+
+def _sharegpt_conversation(value: Any, ctx: _Ctx, field: str) -> Conversation:
+    """ShareGPT ``[{from, value}]`` (or one such dict) -> messages, mapping human/gpt to user/assistant."""
+    turns = [value] if isinstance(value, dict) else value
+    if not isinstance(turns, list):
+        raise ctx.error(f"field {field!r} must be a list of {{from, value}} turns")
+    messages = []
+    for i, turn in enumerate(turns):
+        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
+            raise ctx.error(f"{field}[{i}] must be a {{from, value}} turn with string value")
+        role = SHAREGPT_ROLES.get(turn.get("from"))
+        if role is None:
+            allowed = ", ".join(SHAREGPT_ROLES)
+            raise ctx.error(f"{field}[{i}].from is {turn.get('from')!r}; allowed values: {allowed}")
+        messages.append({"role": role, "content": turn["value"]})
+    _check_system_first(messages, ctx, field)
+    return messages
+
+
+def _with_system(system: str | None, messages: Conversation) -> Conversation:
+    return ([{"role": "system", "content": system}] if system else []) + messages
+
+
+def _check_system_first(messages: Conversation, ctx: _Ctx, field: str) -> None:
+    for i, message in enumerate(messages[1:], start=1):
+        if message["role"] == "system":
+            raise ctx.error(f"role sequence invalid: {field}[{i}] is a system turn (only first)")
+
+
+def _check_prompt(prompt: Conversation, ctx: _Ctx, field: str) -> None:
+    if not prompt or prompt[-1]["role"] != "user":
+        last = prompt[-1]["role"] if prompt else "nothing"
+        raise ctx.error(f"role sequence invalid: {field} must end with a user turn, ends with {last}")
+    _check_system_first(prompt, ctx, field)
+
+
+def _check_continuation(continuation: Conversation, ctx: _Ctx, field: str) -> None:
+    if not continuation or continuation[0]["role"] != "assistant":
+        first = continuation[0]["role"] if continuation else "nothing"
+        raise ctx.error(f"role sequence invalid: {field} must start with an assistant turn, not {first}")
+
+
+def _last_assistant(messages: Conversation) -> int | None:
+    indices = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+    return indices[-1] if indices else None
+
+
+def _split_shared_prompt(chosen: Conversation, rejected: Conversation, ctx: _Ctx):
+    """The shared-prefix rule (module docstring): (prompt, chosen tail, rejected tail) or SkipRecord."""
+    cut_chosen, cut_rejected = _last_assistant(chosen), _last_assistant(rejected)
+    if cut_chosen is None or cut_rejected is None:
+        raise ctx.error("role sequence invalid: chosen and rejected must each contain an assistant turn")
+    if chosen[:cut_chosen] != rejected[:cut_rejected]:
+        raise SkipRecord(NO_SHARED_PREFIX)
+    return chosen[:cut_chosen], chosen[cut_chosen:], rejected[cut_rejected:]
+
+
+# --- SFT -----------------------------------------------------------------------------------------------
+
+
+def _sft(messages: Conversation, row: dict[str, Any], ctx: _Ctx, field: str) -> SFTExample:
+    if not messages or messages[-1]["role"] != "assistant":
+        raise ctx.error(f"role sequence invalid: {field} must end with an assistant turn (the target)")
+    _check_system_first(messages, ctx, field)
+    return SFTExample(messages=messages, source=ctx.source, meta=ctx.meta(row))
+
+
+@_register("sft", "messages", ("messages",))
+def read_messages(row, ctx):
+    return _sft(_conversation(ctx.get(row, "messages", list, "a list of messages"), ctx, "messages", "user"),
+                row, ctx, "messages")
+
+
+@_register("sft", "sharegpt", ("conversations",), ("system",))
+def read_sharegpt(row, ctx):
+    turns = _sharegpt_conversation(ctx.get(row, "conversations", list, "a list of turns"), ctx,
+                                   "conversations")
+    system = ctx.get(row, "system", str, "a string", optional=True)
+    return _sft(_with_system(system, turns), row, ctx, "conversations")
+
+
+def _alpaca_user_turn(instruction: str, input_text: str | None) -> str:
+    return f"{instruction}\n{input_text}" if input_text and input_text.strip() else instruction
+
+
+@_register("sft", "alpaca", ("instruction", "output"), ("input", "system", "history"))
+def read_alpaca(row, ctx):
+    instruction = ctx.get(row, "instruction", str, "a string")
+    input_text = ctx.get(row, "input", str, "a string", optional=True)
+    output = ctx.get(row, "output", str, "a string")
+    system = ctx.get(row, "system", str, "a string", optional=True)
+    history = ctx.get(row, "history", list, "a list of [instruction, response] pairs", optional=True) or []
+    messages = []
+    for i, turn in enumerate(history):
+        if not (isinstance(turn, list) and len(turn) == 2 and all(isinstance(t, str) for t in turn)):
+            raise ctx.error(f"history[{i}] must be an [instruction, response] pair of strings")
+        messages += [{"role": "user", "content": turn[0]}, {"role": "assistant", "content": turn[1]}]
+    messages += [{"role": "user", "content": _alpaca_user_turn(instruction, input_text)},
+                 {"role": "assistant", "content": output}]
+    return _sft(_with_system(system, messages), row, ctx, "output")
+
+
+@_register("sft", "self_instruct", ("instruction", "instances"))
+def read_self_instruct(row, ctx):
+    instruction = ctx.get(row, "instruction", str, "a string")
+    instances = ctx.get(row, "instances", list, "a non-empty list of {input, output}")
+    first = instances[0] if instances else None
+    if not (isinstance(first, dict) and isinstance(first.get("output"), str)
+            and isinstance(first.get("input", ""), str)):
+        raise ctx.error("field 'instances' must be a non-empty list of {input, output} with string values")
+    messages = [{"role": "user", "content": _alpaca_user_turn(instruction, first.get("input"))},
+                {"role": "assistant", "content": first["output"]}]
+    return _sft(messages, row, ctx, "instances")
+
+
+@_register("sft", "prompt_completion", ("prompt", "completion"))
+def read_prompt_completion(row, ctx):
+    prompt = _conversation(ctx.get(row, "prompt", (str, list), "a string or messages"), ctx, "prompt", "user")
+    completion = _conversation(ctx.get(row, "completion", (str, list), "a string or messages"), ctx,
+                               "completion", "assistant")
+    _check_prompt(prompt, ctx, "prompt")
+    _check_continuation(completion, ctx, "completion")
+    return _sft(prompt + completion, row, ctx, "completion")
+
+
+# --- preferences ---------------------------------------------------------------------------------------
+
+
+def _target(row: dict[str, Any], ctx: _Ctx) -> float:
+    tie = ctx.get(row, "tie", bool, "true or false", optional=True)
+    target = ctx.get(row, "target", (int, float), "a number in [0, 1]", optional=True)
+    if target is not None and not (math.isfinite(target) and 0.0 <= target <= 1.0):
+        raise ctx.error(f"field 'target' is {target!r}; allowed: a number in [0, 1] (P(chosen wins))")
+    if tie and target is not None and target != 0.5:
+        raise ctx.error(f"fields 'tie' (true) and 'target' ({target}) disagree; a tie is target 0.5")
+    if tie:
+        return 0.5
+    return 1.0 if target is None else float(target)
+
+
+def _pair(prompt, chosen, rejected, row, ctx) -> PreferencePair:
+    _check_prompt(prompt, ctx, "prompt")
+    _check_continuation(chosen, ctx, "chosen")
+    _check_continuation(rejected, ctx, "rejected")
+    return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, target=_target(row, ctx),
+                          source=ctx.source, meta=ctx.meta(row))
+
+
+@_register("preference", "sharegpt_pairwise", ("conversations", "chosen", "rejected"),
+           ("system", "tie", "target"))
+def read_sharegpt_pairwise(row, ctx):
+    prompt = _sharegpt_conversation(ctx.get(row, "conversations", list, "a list of turns"), ctx,
+                                    "conversations")
+    system = ctx.get(row, "system", str, "a string", optional=True)
+    chosen = _sharegpt_conversation(ctx.get(row, "chosen", (dict, list), "a {from, value} turn"), ctx,
+                                    "chosen")
+    rejected = _sharegpt_conversation(ctx.get(row, "rejected", (dict, list), "a {from, value} turn"), ctx,
+                                      "rejected")
+    return _pair(_with_system(system, prompt), chosen, rejected, row, ctx)
+
+
+def _hh_transcript(text: str, ctx: _Ctx, field: str) -> Conversation:
+    parts = HH_MARKER.split(text)
+    if parts[0].strip() or len(parts) < 3:
+        raise ctx.error(f"field {field!r} is not an HH transcript: it must start with '\\n\\nHuman:' "
+                        "and alternate '\\n\\nHuman:' / '\\n\\nAssistant:' turns")
+    return [{"role": HH_ROLES[parts[i]], "content": parts[i + 1].strip()} for i in range(1, len(parts), 2)]
+
+
+@_register("preference", "hh_rlhf", ("chosen", "rejected"), ("tie", "target"),
+           detect=lambda row: "prompt" not in row and isinstance(row["chosen"], str))
+def read_hh_rlhf(row, ctx):
+    chosen = _hh_transcript(ctx.get(row, "chosen", str, "a transcript string"), ctx, "chosen")
+    rejected = _hh_transcript(ctx.get(row, "rejected", str, "a transcript string"), ctx, "rejected")
+    return _pair(*_split_shared_prompt(chosen, rejected, ctx), row, ctx)
+
+
+def _strip_prompt(prompt: Conversation, side: Conversation) -> Conversation:
+    """A side given as a full conversation starting with the prompt keeps only what follows it."""
+    return side[len(prompt):] if len(side) > len(prompt) and side[: len(prompt)] == prompt else side
+
+
+@_register("preference", "pairwise", ("chosen", "rejected"), ("prompt", "tie", "target"))
+def read_pairwise(row, ctx):
+    raw_chosen = ctx.get(row, "chosen", (str, list), "a string or messages")
+    raw_rejected = ctx.get(row, "rejected", (str, list), "a string or messages")
+    chosen = _conversation(raw_chosen, ctx, "chosen", "assistant")
+    rejected = _conversation(raw_rejected, ctx, "rejected", "assistant")
+    raw_prompt = ctx.get(row, "prompt", (str, list), "a string or messages", optional=True)
+    if raw_prompt is None:
+        if isinstance(raw_chosen, str) or isinstance(raw_rejected, str):
+            raise ctx.error("field 'prompt' is missing; it may be left out only when chosen and rejected are "
+                            "full conversations (message lists) that share the prompt")
+        return _pair(*_split_shared_prompt(chosen, rejected, ctx), row, ctx)
+    prompt = _conversation(raw_prompt, ctx, "prompt", "user")
+    return _pair(prompt, _strip_prompt(prompt, chosen), _strip_prompt(prompt, rejected), row, ctx)
+
+
+# --- rankings ------------------------------------------------------------------------------------------
+
+
+@_register("ranking", "ranking", ("prompt", "completions", "ranks"))
+def read_ranking(row, ctx):
+    prompt = _conversation(ctx.get(row, "prompt", (str, list), "a string or messages"), ctx, "prompt", "user")
+    _check_prompt(prompt, ctx, "prompt")
+    raw = ctx.get(row, "completions", list, "a list of strings or message lists")
+    ranks = ctx.get(row, "ranks", list, "a list of integers >= 1 (1 = best)")
+    if len(raw) < 2 or len(ranks) != len(raw):
+        raise ctx.error(f"'completions' ({len(raw)}) and 'ranks' ({len(ranks)}) need one length, at least 2")
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
+        raise ctx.error(f"field 'ranks' is {ranks!r}; allowed: integers >= 1, 1 = best, equal = tie")
+    completions = []
+    for i, completion in enumerate(raw):
+        completion = _strip_prompt(prompt, _conversation(completion, ctx, f"completions[{i}]", "assistant"))
+        _check_continuation(completion, ctx, f"completions[{i}]")
+        completions.append(completion)
+    return Ranking(prompt=prompt, completions=completions, ranks=list(ranks), source=ctx.source,
+                   meta=ctx.meta(row))
+
+
+# --- RL prompts ----------------------------------------------------------------------------------------
+
+
+@_register("prompt", "prompt", ("prompt",),
+           detect=lambda row: not {"completion", "chosen", "rejected", "completions"} & row.keys())
+def read_prompt(row, ctx):
+    prompt = _conversation(ctx.get(row, "prompt", (str, list), "a string or messages"), ctx, "prompt", "user")
+    _check_prompt(prompt, ctx, "prompt")
+    return PromptExample(prompt=prompt, source=ctx.source, meta=ctx.meta(row))
+
+
+def _prompt_from_sft(sft_format: Format):
+    def read(row, ctx):
+        example = sft_format.read(row, _Ctx(ctx.where, sft_format, ctx.source))
+        prompt = example.messages[: _last_assistant(example.messages)]
+        _check_prompt(prompt, ctx, "the turns before the last assistant turn")
+        return PromptExample(prompt=prompt, source=example.source, meta=example.meta)
+
+    return read
+
+
+for _sft_format in list(FORMATS["sft"].values()):
+    _register("prompt", _sft_format.name, _sft_format.required, _sft_format.optional, _sft_format.detect)(
+        _prompt_from_sft(_sft_format))
+
+
+# --- loading -------------------------------------------------------------------------------------------
+
+
+def _formats_of(kind: str) -> dict[str, Format]:
+    if kind not in FORMATS:
+        raise ValueError(f"unknown record kind {kind!r}; allowed: {', '.join(KINDS)}")
+    return FORMATS[kind]
+
+
+def choose_format(kind: str, format: str, first_row: dict[str, Any] | None, where: str) -> Format:
+    """``format`` itself, or (for ``"auto"``) the first format of ``kind`` whose fields ``first_row`` has."""
+    formats = _formats_of(kind)
+    if format != "auto":
+        if format not in formats:
+            raise DataFormatError(f"unknown {kind} format {format!r}; supported: auto, {', '.join(formats)}")
+        return formats[format]
+    for fmt in formats.values():
+        if first_row is not None and fmt.matches(first_row):
+            return fmt
+    keys = sorted(first_row) if first_row is not None else []
+    raise DataFormatError(f"{where}: cannot detect the {kind} format from the first record's keys {keys}; "
+                          f"supported {kind} formats: {supported_formats(kind)}. Pass format= to choose one.")
+
+
+def read_record(row: dict[str, Any], kind: str, format: str = "auto", *, where: str = "record",
+                source: str = "") -> Record:
+    """Normalise one row (no filtering, no counting); raises ``SkipRecord`` for a no-shared-prefix pair."""
+    fmt = choose_format(kind, format, row, where)
+    return fmt.read(row, _Ctx(where, fmt, source))
+
+
+def _filter_reason(record: Record, drop_identical: bool) -> str | None:
+    if isinstance(record, PreferencePair) and drop_identical and record.chosen == record.rejected:
+        return IDENTICAL
+    if isinstance(record, SFTExample) and not record.messages[-1]["content"].strip():
+        return EMPTY_RESPONSE
+    return None
+
+
+def load_records(
+    source: str | Path,
+    kind: str,
+    *,
+    format: str = "auto",
+    split: str | None = None,
+    data_files: Any = None,
+    drop_identical: bool = True,
+    verbose: bool = True,
+    **load_kwargs: Any,
+) -> tuple[list[Record], DataSummary]:
+    """Read ``source`` as records of ``kind`` (``sft``, ``preference``, ``ranking``, ``prompt``).
+
+    ``source`` is a local ``.json`` / ``.jsonl`` / ``.jsonl.gz`` / ``.parquet`` file, or anything
+    ``datasets.load_dataset`` takes (then ``split`` (default ``"train"``), ``data_files`` and
+    ``load_kwargs`` go to it). ``format="auto"`` detects the format from the first record's keys.
+    Skippable records are dropped and counted (module docstring); the summary is logged, printed when
+    ``verbose``, and returned. Raises ``DataFormatError`` on bad input and ``EmptyDatasetError`` when no
+    record is left.
+    """
+    _formats_of(kind)
+    rows, name = read_rows(source, split=split, data_files=data_files, **load_kwargs)
+    if not rows:
+        DataSummary(source=name, kind=kind, format=format).raise_if_empty()
+    fmt = choose_format(kind, format, rows[0].row, rows[0].where)
+    summary = DataSummary(source=name, kind=kind, format=fmt.name)
+    records: list[Record] = []
+    for raw in rows:
+        summary.read += 1
+        try:
+            record = fmt.read(raw.row, _Ctx(raw.where, fmt, name))
+        except SkipRecord as skip:
+            summary.drop(skip.reason)
+            continue
+        reason = _filter_reason(record, drop_identical)
+        if reason:
+            summary.drop(reason)
+        else:
+            records.append(record)
+    logger.info("%s", summary)
+    if verbose:
+        print(summary)
+    summary.raise_if_empty()
+    return records, summary
