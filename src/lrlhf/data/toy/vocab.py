@@ -32,7 +32,7 @@ PROMPT_WORDS = ("sort", "these", "numbers", "how", "many", "items", ":")
 FILLER_WORDS = (
     "sure", "here", "is", "the", "answer", "i", "think", "hope", "this", "helps", "well", "so", "ok",
     "let", "me", "see", "great", "question", "really", "very", "good", "done", "thanks", "for",
-    "asking", "of", "course", "result", "it", "that", "a", "and", "you", "my", "list", "count",
+    "asking", "of", "course", "result", "it", "that", "a", "and", "you", "my", "list", "count", "know",
 )  # fmt: skip
 
 CHAT_TEMPLATE = (
