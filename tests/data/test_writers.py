@@ -85,7 +85,7 @@ def test_a_failed_replace_removes_the_temp_file(tmp_path, monkeypatch):
     def fail(src, dst):
         raise OSError("disk gone")
 
-    monkeypatch.setattr("lrlhf.data.writers.os.replace", fail)
+    monkeypatch.setattr("lrlhf.utils.io.os.replace", fail)
     with pytest.raises(OSError, match="disk gone"):
         write_jsonl(CASES["sft"][:1], path)
     assert path.read_bytes() == before

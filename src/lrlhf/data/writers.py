@@ -17,13 +17,12 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExample
+from lrlhf.utils.io import atomic_write_bytes
 
 
 def to_json(record: SFTExample | PreferencePair | Ranking | PromptExample) -> dict[str, Any]:
@@ -69,15 +68,4 @@ def write_jsonl(records: Iterable[Record], path: str | Path) -> Path:
         with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as gz:
             gz.write(data)
         data = buffer.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return atomic_write_bytes(path, data)

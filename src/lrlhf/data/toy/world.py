@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import statistics
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from lrlhf.utils.io import atomic_save_folder, atomic_write_text
 
 from .annotators import (
     AnnotatorConfig,
@@ -258,47 +258,14 @@ def dumps_record(record: dict) -> str:
     return json.dumps(record, ensure_ascii=False, sort_keys=True)
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` (UTF-8, ``\\n`` newlines) to ``path``: temp file in the same folder, fsync, rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def write_jsonl(path: Path, records: list[dict]) -> None:
     """Write records as canonical JSONL, atomically."""
-    write_text_atomic(path, "".join(dumps_record(r) + "\n" for r in records))
+    atomic_write_text(path, "".join(dumps_record(r) + "\n" for r in records))
 
 
 def _save_folder_atomic(obj, target: Path) -> None:
     """``obj.save_pretrained`` into a temp folder next to ``target``, then swap it in."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
-    try:
-        obj.save_pretrained(tmp)
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    atomic_save_folder(target, obj.save_pretrained)
 
 
 def world_summary(cfg: WorldConfig, data: dict[str, list[dict]], tokenizer) -> dict:
@@ -327,7 +294,7 @@ def build_world(out_dir: str | os.PathLike, seed: int = 0, sizes: WorldSizes | N
     _save_folder_atomic(build_model(cfg.model, tokenizer, cfg.seed), paths.model)
     summary = world_summary(cfg, data, tokenizer)
     text = json.dumps(summary, ensure_ascii=False, sort_keys=True, indent=2) + "\n"
-    write_text_atomic(paths.world_json, text)
+    atomic_write_text(paths.world_json, text)
     return paths
 
 

@@ -1,0 +1,1 @@
+"""Small helpers shared by every layer (no imports of the layers above)."""
