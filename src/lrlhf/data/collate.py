@@ -153,6 +153,29 @@ def collate_packed(rows: Sequence[Sequence[Encoded]], pad_token_id: int) -> dict
     }
 
 
+def collate_packed_pairs(rows: Sequence[Sequence[EncodedPair]], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """Packed preference pairs: each row holds whole pairs, laid out chosen_0, rejected_0, chosen_1, ...
+
+    Returns :func:`collate_packed`'s tensors plus, for the B pairs in row-major order, ``pair_targets`` (B,)
+    and ``chosen_end`` / ``rejected_end`` (B, 2) long = (row, column) of each sequence's last token, where a
+    reward model reads its score: ``values[chosen_end[:, 0], chosen_end[:, 1]]``.
+    """
+    sequences = [[e for pair in row for e in (pair.chosen, pair.rejected)] for row in rows]
+    out = collate_packed(sequences, pad_token_id)
+    ends = []
+    for r, row in enumerate(rows):
+        col = 0
+        for pair in row:
+            col += len(pair.chosen.input_ids)
+            chosen_end = (r, col - 1)
+            col += len(pair.rejected.input_ids)
+            ends.append((chosen_end, (r, col - 1)))
+    out["chosen_end"] = torch.tensor([c for c, _ in ends], dtype=torch.long)
+    out["rejected_end"] = torch.tensor([r for _, r in ends], dtype=torch.long)
+    out["pair_targets"] = torch.tensor([p.target for row in rows for p in row], dtype=torch.float32)
+    return out
+
+
 def model_inputs(batch: dict) -> dict:
     """Keyword arguments for a causal LM forward on a padded or a packed batch.
 
