@@ -58,6 +58,21 @@ def load_tokenizer(tokenizer):
     return tokenizer
 
 
+class ResumableDataLoader(DataLoader):
+    """A DataLoader whose ``state_dict`` is its :class:`ResumableSampler`'s.
+
+    Lightning saves and restores a stateful training loader in the fit loop's state by itself (and then no
+    longer warns that a mid-epoch checkpoint is not resumable); the datamodule's own ``state_dict`` holds the
+    same position, so either path restores the same state.
+    """
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+
 class ChatDataModule(pl.LightningDataModule):
     """Shared machinery; subclasses say how a record is encoded and how a batch is collated.
 
@@ -199,7 +214,7 @@ class ChatDataModule(pl.LightningDataModule):
         return sampler
 
     def _loader(self, split: str, sampler, batch_size: int, drop_last: bool) -> DataLoader:
-        return DataLoader(
+        return ResumableDataLoader(
             self.datasets[split], batch_size=batch_size, sampler=sampler, collate_fn=self.collate,
             num_workers=self.num_workers, drop_last=drop_last,
         )
