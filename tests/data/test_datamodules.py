@@ -96,6 +96,20 @@ def test_ddp_shards_from_trainer_rank(chatml):
     assert sorted(seen[0] + seen[1]) == list(range(10))
 
 
+def test_lightning_keeps_our_sampler_under_ddp(chatml):
+    """Lightning's own check (use_distributed_sampler=True, distributed run) leaves our loader alone."""
+    from lightning.pytorch.trainer.connectors.data_connector import _DataConnector
+
+    dm = SFTDataModule(chatml, train=sft_records(4), batch_size=2, max_length=32)
+    dm.trainer = SimpleNamespace(world_size=2, global_rank=0)
+    connector = SimpleNamespace(trainer=SimpleNamespace(
+        _accelerator_connector=SimpleNamespace(use_distributed_sampler=True, is_distributed=True)
+    ))
+    assert _DataConnector._requires_distributed_sampler(connector, dm.train_dataloader()) is False
+    plain = torch.utils.data.DataLoader([1, 2])
+    assert _DataConnector._requires_distributed_sampler(connector, plain) is True
+
+
 class _Recorder(pl.LightningModule):
     """Records the user words of each training batch; one dummy parameter to optimise."""
 
@@ -157,6 +171,9 @@ def test_preference_pairs_rankings_and_packing(chatml):
     dm = PreferenceDataModule(chatml, train=rankings, batch_size=1, max_length=32)
     batch = next(iter(dm.train_dataloader()))
     assert batch["group"].tolist() == [0, 0, 0] and batch["ranks"].tolist() == [1, 2, 2]
+
+    with pytest.raises(ValueError, match="train split mixes EncodedPair and EncodedRanking"):
+        PreferenceDataModule(chatml, train=pairs + rankings, max_length=32).setup("fit")
 
     dm = PreferenceDataModule(chatml, train=pairs, batch_size=1, max_length=8, packing=True, pack_length=32)
     dm.setup("fit")

@@ -4,9 +4,16 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from lrlhf.data.collate import collate_packed, collate_sft, model_inputs, pack_greedy
+from lrlhf.data.collate import (
+    collate_packed,
+    collate_packed_pairs,
+    collate_pairs,
+    collate_sft,
+    model_inputs,
+    pack_greedy,
+)
 from lrlhf.data.records import SFTExample
-from lrlhf.data.tokenize import encode_sft
+from lrlhf.data.tokenize import EncodedPair, encode_sft
 
 CHATS = [
     [("user", "hi"), ("assistant", "hello")],
@@ -115,3 +122,21 @@ def test_pack_greedy():
     assert pack_greedy([5, 3, 4, 2, 6], max_length=8) == [[0, 1], [2, 3], [4]]
     with pytest.raises(ValueError, match="sequence 1 has 9 tokens"):
         pack_greedy([1, 9], max_length=8)
+
+
+def test_packed_pairs_read_the_same_last_token_outputs(chatml):
+    """What a reward model reads (the output at each sequence's last token) is the same packed or not."""
+    examples = _examples(chatml)
+    pairs = [EncodedPair(examples[0], examples[1], 1.0), EncodedPair(examples[2], examples[3], 0.5)]
+    model = _model(chatml, "sdpa")
+    packed = collate_packed_pairs([pairs], chatml.pad_token_id)
+    unpacked = collate_pairs(pairs, chatml.pad_token_id)
+    with torch.no_grad():
+        packed_logits = model(**model_inputs(packed)).logits
+        logits = model(**model_inputs(unpacked)).logits
+    # rows: chosen 0, chosen 1, rejected 0, rejected 1
+    last = logits[torch.arange(4), unpacked["lengths"] - 1]
+    chosen = packed_logits[packed["chosen_end"][:, 0], packed["chosen_end"][:, 1]]
+    rejected = packed_logits[packed["rejected_end"][:, 0], packed["rejected_end"][:, 1]]
+    torch.testing.assert_close(torch.cat([chosen, rejected]), last, rtol=0, atol=1e-5)
+    assert packed["pair_targets"].tolist() == unpacked["pair_targets"].tolist() == [1.0, 0.5]

@@ -283,6 +283,13 @@ class PreferenceDataModule(ChatDataModule):
     record_kind = "preference"
     supports_packing = True
 
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        for split, items in self.datasets.items():
+            kinds = sorted({type(item).__name__ for item in items})
+            if len(kinds) > 1:
+                raise ValueError(f"{split} split mixes {' and '.join(kinds)}; use one record type")
+
     def encode(self, record, stats):
         kw = self._encode_kwargs()
         if isinstance(record, PreferencePair):
