@@ -79,6 +79,8 @@ class ChatDataModule(pl.LightningDataModule):
     Args:
         tokenizer: a tokenizer with a chat template, or a path/name for ``AutoTokenizer.from_pretrained``.
         train, val, test: records of the subclass's kind, or a source for ``load_records``; ``None`` skips.
+            The same source for several splits is read with ``split=<name>`` (the loader splits it by
+            prompt group); a source for one split is read whole (``split=None``).
         batch_size: examples per training batch (packed: rows per batch). ``eval_batch_size`` defaults to it.
         max_length: the most tokens per sequence (per packed row when packing).
         truncation: ``"left"`` (cut the prompt's start) or ``"drop"``; see :mod:`lrlhf.data.tokenize`.
@@ -173,7 +175,11 @@ class ChatDataModule(pl.LightningDataModule):
             return list(source), EncodeStats()
         from lrlhf.data.formats import load_records  # the format layer; imported only when a source is used
 
-        return load_records(source, self.record_kind, format=self.format, split=split, **self.load_kwargs)
+        # One source named for several splits is split by the loader (by prompt group); a source named for
+        # one split is used whole.
+        shared = sum(other == source for other in self.sources.values()) > 1
+        kwargs = {"split": split if shared else None, **self.load_kwargs}
+        return load_records(source, self.record_kind, format=self.format, **kwargs)
 
     def setup(self, stage: str | None = None) -> None:
         for split in SPLITS:
