@@ -102,6 +102,22 @@ def test_left_truncation_keeps_whole_completion(chatml):
     assert stats.truncated == 1 and stats.dropped == {}
 
 
+@pytest.mark.parametrize(("max_length", "expected"), [(14, ["hello", "<|im_end|>", "five", "<|im_end|>"]),
+                                                      (13, ["five", "<|im_end|>"])])
+def test_cut_through_an_earlier_target_turn_unmasks_its_rest(chatml, max_length, expected):
+    # 26 tokens; "hello <|im_end|>" are 12-13. max_length 14 cuts 12 tokens (the turn survives whole),
+    # 13 cuts 13 tokens: the cut goes through the turn, its "<|im_end|>" stays as context only.
+    enc = encode_sft(chatml, SFTExample(messages=CHAT), max_length=max_length, loss_on="all")
+    assert len(enc.input_ids) == max_length
+    assert targets(chatml, enc) == expected
+
+
+def test_eos_text_inside_content_does_not_end_the_target(chatml):
+    chat = [msg("user", "hi"), msg("assistant", "a <|im_end|> b")]
+    enc = encode_sft(chatml, SFTExample(messages=chat), max_length=64)
+    assert targets(chatml, enc) == ["a", "<|im_end|>", "b", "<|im_end|>"]
+
+
 def test_truncation_drops_when_completion_alone_does_not_fit(chatml):
     stats = EncodeStats()
     long_answer = CHAT[:-1] + [msg("assistant", "a b c d e f g h")]  # completion: 8 words + <|im_end|>

@@ -19,7 +19,8 @@ also those inside a prompt, so prompt encodings stay prefixes of full encodings.
 Truncation rule: a completion is never cut. When prompt + completion is longer than ``max_length``, either
 the *prompt* is cut from the left (``truncation="left"``; the example is dropped when the completion alone
 leaves no room for at least one prompt token) or the example is dropped (``truncation="drop"``). Every cut is
-counted in ``stats.truncated``, every drop in ``stats.dropped["too_long"]``.
+counted in ``stats.truncated``, every drop in ``stats.dropped["too_long"]``. With ``loss_on="all"`` a cut
+through an earlier assistant turn leaves that turn's remainder as context, not target.
 """
 
 from __future__ import annotations
@@ -181,7 +182,8 @@ def _encode_untruncated(tokenizer, prompt: Conversation, completion: Conversatio
             prompt_length = len(ids) - (start - raw_prompt_length)
         turn = full_ids[start:end]
         if eos in turn:
-            stop = turn.index(eos) + 1
+            # The last EOS of the turn is the template's (content could contain the token text itself).
+            stop = len(turn) - turn[::-1].index(eos)
             ids += turn
             mask += [is_target] * stop + [False] * (len(turn) - stop)
         else:
@@ -211,7 +213,18 @@ def _truncate_group(parts, max_length: int, truncation: str, stats: EncodeStats 
         return None
     if stats is not None:
         stats.truncated += 1
-    return [(ids[cut:], mask[cut:], prompt_length - cut) for ids, mask, prompt_length in parts]
+    return [(ids[cut:], _cut_mask(mask, cut), prompt_length - cut) for ids, mask, prompt_length in parts]
+
+
+def _cut_mask(mask: list[bool], cut: int) -> list[bool]:
+    """``mask[cut:]``, except that the rest of a target turn the cut went through is no longer a target."""
+    out = mask[cut:]
+    if cut and mask[cut - 1]:
+        j = 0
+        while j < len(out) and out[j]:
+            out[j] = False
+            j += 1
+    return out
 
 
 def _to_encoded(ids: list[int], mask: list[bool], prompt_length: int) -> Encoded:
