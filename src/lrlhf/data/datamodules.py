@@ -1,0 +1,343 @@
+"""LightningDataModules for SFT, preferences (pairs or rankings) and RL prompts.
+
+Each split is given as in-memory records or a source (a path or a ``datasets`` name, read with
+``lrlhf.data.formats.load_records``). ``setup`` encodes every split once with :func:`encode_chat`'s rules;
+``stats[split]`` then holds the truncation/drop counts (the loader's ``DataSummary`` when read from a source).
+
+Training order comes from a :class:`ResumableSampler` (seed + epoch), whose position is saved through the
+datamodule's ``state_dict`` (Lightning stores it in every checkpoint) and restored by ``load_state_dict``, so
+a resumed run sees exactly the batches an uninterrupted run would have seen next.
+
+DDP: the samplers shard by rank themselves (rank and world size from the attached trainer, or the
+``num_replicas``/``rank`` arguments without one). They are ``DistributedSampler`` subclasses, so Lightning's
+``use_distributed_sampler`` leaves them in place. Every rank yields the same number of indices, so the
+position saved by rank 0 is valid for all ranks. Validation/test sets are sharded too, without shuffling;
+like ``DistributedSampler`` this repeats up to ``world_size - 1`` examples to even out the shards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import lightning.pytorch as pl
+from torch.utils.data import DataLoader
+
+from lrlhf.data.collate import (
+    collate_packed,
+    collate_packed_pairs,
+    collate_pairs,
+    collate_prompts,
+    collate_rankings,
+    collate_sft,
+    pack_greedy,
+)
+from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExample
+from lrlhf.data.sampler import ResumableSampler
+from lrlhf.data.tokenize import (
+    LOSS_ON,
+    TRUNCATION_POLICIES,
+    EncodedRanking,
+    EncodeStats,
+    check_choice,
+    encode_pair,
+    encode_prompt,
+    encode_ranking,
+    encode_sft,
+)
+
+SPLITS = ("train", "val", "test")
+
+
+def load_tokenizer(tokenizer):
+    """A tokenizer object as is, or ``AutoTokenizer.from_pretrained(path_or_name)``."""
+    if isinstance(tokenizer, str):
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(tokenizer)
+    return tokenizer
+
+
+class ResumableDataLoader(DataLoader):
+    """A DataLoader whose ``state_dict`` is its :class:`ResumableSampler`'s.
+
+    Lightning saves and restores a stateful training loader in the fit loop's state by itself (and then no
+    longer warns that a mid-epoch checkpoint is not resumable); the datamodule's own ``state_dict`` holds the
+    same position, so either path restores the same state.
+    """
+
+    def state_dict(self) -> dict:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sampler.load_state_dict(state)
+
+
+class ChatDataModule(pl.LightningDataModule):
+    """Shared machinery; subclasses say how a record is encoded and how a batch is collated.
+
+    Args:
+        tokenizer: a tokenizer with a chat template, or a path/name for ``AutoTokenizer.from_pretrained``.
+        train, val, test: records of the subclass's kind, or a source for ``load_records``; ``None`` skips.
+            The same source for several splits is read with ``split=<name>`` (the loader splits it by
+            prompt group); a source for one split is read whole (``split=None``).
+        batch_size: examples per training batch (packed: rows per batch). ``eval_batch_size`` defaults to it.
+        max_length: the most tokens per sequence (per packed row when packing).
+        truncation: ``"left"`` (cut the prompt's start) or ``"drop"``; see :mod:`lrlhf.data.tokenize`.
+        loss_on: ``"last"`` or ``"all"`` assistant turns.
+        packing: several examples per row (SFT and pairs); batches then have no attention_mask.
+        pack_length: tokens per packed row; default ``max_length`` (SFT), ``2 * max_length`` (pairs: a
+            pair's two sequences always share a row).
+        seed: the sampler's seed (epoch e uses seed + e).
+        num_workers: DataLoader workers; 0 keeps the saved position exact (see :mod:`lrlhf.data.sampler`).
+        num_replicas, rank: sharding when no trainer is attached (a trainer's values take precedence).
+        format, load_kwargs: passed to ``load_records`` for sources.
+    """
+
+    record_kind = ""  # the ``kind`` argument of load_records
+    supports_packing = False
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        train: Sequence | str | None = None,
+        val: Sequence | str | None = None,
+        test: Sequence | str | None = None,
+        batch_size: int = 8,
+        eval_batch_size: int | None = None,
+        max_length: int = 1024,
+        truncation: str = "left",
+        loss_on: str = "last",
+        packing: bool = False,
+        pack_length: int | None = None,
+        seed: int = 0,
+        num_workers: int = 0,
+        drop_last: bool = False,
+        num_replicas: int = 1,
+        rank: int = 0,
+        format: str = "auto",
+        load_kwargs: dict | None = None,
+    ):
+        super().__init__()
+        check_choice("truncation", truncation, TRUNCATION_POLICIES)
+        check_choice("loss_on", loss_on, LOSS_ON)
+        if packing and not self.supports_packing:
+            raise ValueError(f"packing=True is not supported by {type(self).__name__}")
+        if batch_size < 1 or max_length < 1:
+            raise ValueError(f"batch_size={batch_size} and max_length={max_length} must be positive")
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.sources = {"train": train, "val": val, "test": test}
+        self.batch_size = batch_size
+        self.eval_batch_size = eval_batch_size or batch_size
+        self.max_length = max_length
+        self.truncation = truncation
+        self.loss_on = loss_on
+        self.packing = packing
+        self.pack_length = pack_length
+        self.seed = seed
+        self.num_workers = num_workers
+        self.drop_last = drop_last
+        self.num_replicas = num_replicas
+        self.rank = rank
+        self.format = format
+        self.load_kwargs = dict(load_kwargs or {})
+        self.datasets: dict[str, list] = {}
+        self.stats: dict[str, Any] = {}
+        self._train_sampler: ResumableSampler | None = None
+        self._pending_state: dict | None = None
+
+    # ------------------------------------------------------------------------------------ to override
+    def encode(self, record, stats):
+        """One record -> one dataset item (or None when dropped)."""
+        raise NotImplementedError
+
+    def collate(self, items: list) -> dict:
+        raise NotImplementedError
+
+    def pack(self, items: list) -> list:
+        """Dataset items -> packed rows (lists of items); only for ``supports_packing``."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------------------------------- setup
+    @property
+    def pad_token_id(self) -> int:
+        # Padding is masked everywhere, so EOS is a safe pad when the tokenizer defines none.
+        pad = self.tokenizer.pad_token_id
+        return self.tokenizer.eos_token_id if pad is None else pad
+
+    def _encode_kwargs(self) -> dict:
+        return {"max_length": self.max_length, "truncation": self.truncation, "loss_on": self.loss_on}
+
+    def _records(self, split: str):
+        source = self.sources[split]
+        if not isinstance(source, (str, bytes)) and not hasattr(source, "__fspath__"):
+            return list(source), EncodeStats()
+        from lrlhf.data.formats import load_records  # the format layer; imported only when a source is used
+
+        # One source named for several splits is split by the loader (by prompt group); a source named for
+        # one split is used whole.
+        shared = sum(other == source for other in self.sources.values()) > 1
+        kwargs = {"split": split if shared else None, **self.load_kwargs}
+        return load_records(source, self.record_kind, format=self.format, **kwargs)
+
+    def setup(self, stage: str | None = None) -> None:
+        for split in SPLITS:
+            if self.sources[split] is None or split in self.datasets:
+                continue
+            records, stats = self._records(split)
+            items = [item for item in (self.encode(r, stats) for r in records) if item is not None]
+            if not items:
+                raise ValueError(
+                    f"{split} split is empty after encoding: {len(records)} records, "
+                    f"dropped {dict(stats.dropped)}, truncated {stats.truncated} "
+                    f"(max_length={self.max_length}, truncation={self.truncation!r})"
+                )
+            self.datasets[split] = self.pack(items) if self.packing else items
+            self.stats[split] = stats
+
+    # ---------------------------------------------------------------------------------- dataloaders
+    def _replicas(self) -> tuple[int, int]:
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            return trainer.world_size, trainer.global_rank
+        return self.num_replicas, self.rank
+
+    def train_sampler(self) -> ResumableSampler:
+        """The training sampler (created once per world layout; carries the resume position)."""
+        world, rank = self._replicas()
+        sampler = self._train_sampler
+        if sampler is None or (sampler.num_replicas, sampler.rank) != (world, rank):
+            self.setup("fit")
+            sampler = ResumableSampler(
+                len(self.datasets["train"]), seed=self.seed, shuffle=True, num_replicas=world, rank=rank,
+                drop_last=self.drop_last,
+            )
+            if self._pending_state is not None:
+                sampler.load_state_dict(self._pending_state)
+                self._pending_state = None
+            self._train_sampler = sampler
+        return sampler
+
+    def _loader(self, split: str, sampler, batch_size: int, drop_last: bool) -> DataLoader:
+        return ResumableDataLoader(
+            self.datasets[split], batch_size=batch_size, sampler=sampler, collate_fn=self.collate,
+            num_workers=self.num_workers, drop_last=drop_last,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", self.train_sampler(), self.batch_size, self.drop_last)
+
+    def _eval_loader(self, split: str) -> DataLoader | list:
+        if self.sources[split] is None:
+            return []
+        self.setup(split)
+        world, rank = self._replicas()
+        sampler = ResumableSampler(len(self.datasets[split]), shuffle=False, num_replicas=world, rank=rank)
+        return self._loader(split, sampler, self.eval_batch_size, False)
+
+    def val_dataloader(self):
+        return self._eval_loader("val")
+
+    def test_dataloader(self):
+        return self._eval_loader("test")
+
+    # --------------------------------------------------------------------------------------- resume
+    def state_dict(self) -> dict[str, Any]:
+        """The training sampler's epoch and position (saved by Lightning in checkpoints)."""
+        if self._train_sampler is not None:
+            return {"train_sampler": self._train_sampler.state_dict()}
+        if self._pending_state is not None:
+            return {"train_sampler": dict(self._pending_state)}
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict.get("train_sampler")
+        if state is None:
+            return
+        if self._train_sampler is not None:
+            self._train_sampler.load_state_dict(state)
+        else:  # Lightning restores the datamodule before it asks for dataloaders
+            self._pending_state = dict(state)
+
+
+class SFTDataModule(ChatDataModule):
+    """SFT conversations; batches from :func:`collate_sft` (or :func:`collate_packed` with packing)."""
+
+    record_kind = "sft"
+    supports_packing = True
+
+    def encode(self, record: SFTExample, stats):
+        return encode_sft(self.tokenizer, record, stats=stats, **self._encode_kwargs())
+
+    def pack(self, items):
+        rows = pack_greedy([len(e.input_ids) for e in items], self.pack_length or self.max_length)
+        return [[items[i] for i in row] for row in rows]
+
+    def collate(self, items):
+        if self.packing:
+            return collate_packed(items, self.pad_token_id)
+        return collate_sft(items, self.pad_token_id)
+
+
+class PreferenceDataModule(ChatDataModule):
+    """Preference pairs (:func:`collate_pairs`, packable) or K-way rankings (:func:`collate_rankings`).
+
+    The record type decides: every record of a split must be a ``PreferencePair`` or every one a ``Ranking``.
+    """
+
+    record_kind = "preference"
+    supports_packing = True
+
+    def setup(self, stage: str | None = None) -> None:
+        super().setup(stage)
+        for split, items in self.datasets.items():
+            kinds = sorted({type(item).__name__ for item in items})
+            if len(kinds) > 1:
+                raise ValueError(f"{split} split mixes {' and '.join(kinds)}; use one record type")
+
+    def encode(self, record, stats):
+        kw = self._encode_kwargs()
+        if isinstance(record, PreferencePair):
+            return encode_pair(self.tokenizer, record, stats=stats, **kw)
+        if isinstance(record, Ranking):
+            if self.packing:
+                raise ValueError("packing=True supports preference pairs, not rankings")
+            return encode_ranking(self.tokenizer, record, stats=stats, **kw)
+        raise TypeError(f"PreferenceDataModule takes PreferencePair or Ranking records, got {type(record)}")
+
+    def pack(self, items):
+        # A pair stays in one row (chosen then rejected), so its two sequences share the batch row.
+        lengths = [len(p.chosen.input_ids) + len(p.rejected.input_ids) for p in items]
+        rows = pack_greedy(lengths, self.pack_length or 2 * self.max_length)
+        return [[items[i] for i in row] for row in rows]
+
+    def collate(self, items):
+        if self.packing:
+            return collate_packed_pairs(items, self.pad_token_id)
+        if isinstance(items[0], EncodedRanking):
+            return collate_rankings(items, self.pad_token_id)
+        return collate_pairs(items, self.pad_token_id)
+
+
+class PromptDataModule(ChatDataModule):
+    """RL / evaluation prompts, left-padded (:func:`collate_prompts`); ``max_length`` bounds the prompt."""
+
+    record_kind = "prompt"
+
+    def encode(self, record: PromptExample, stats):
+        kw = self._encode_kwargs()
+        kw.pop("loss_on")
+        return encode_prompt(self.tokenizer, record, stats=stats, **kw)
+
+    def collate(self, items):
+        return collate_prompts(items, self.pad_token_id)
+
+
+__all__ = [
+    "ChatDataModule",
+    "PreferenceDataModule",
+    "PromptDataModule",
+    "SFTDataModule",
+    "load_tokenizer",
+]
