@@ -1,28 +1,37 @@
-"""Datamodules read sources with lrlhf.data.formats.load_records (stubbed: that module is not ours)."""
-
-import sys
-import types
+"""Datamodules read sources with lrlhf.data.formats.load_records and split a shared source by prompt."""
 
 from lrlhf.data.datamodules import SFTDataModule
 from lrlhf.data.records import SFTExample
-from lrlhf.data.tokenize import EncodeStats
+from lrlhf.data.splits import normalise_prompt, prompt_of
+from lrlhf.data.writers import write_jsonl
 
 
-def test_sources_go_through_load_records(chatml, monkeypatch):
-    calls = []
+def _example(i, answer="yes"):
+    return SFTExample([{"role": "user", "content": f"question {i}"}, {"role": "assistant", "content": answer}])
 
-    def load_records(source, kind, *, format="auto", split=None, **kw):
-        calls.append((source, kind, format, split, kw))
-        records = [SFTExample([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}])]
-        return records, EncodeStats(truncated=0, dropped={"duplicate": 2})
 
-    monkeypatch.setitem(sys.modules, "lrlhf.data.formats", types.SimpleNamespace(load_records=load_records))
-    dm = SFTDataModule(chatml, train="all.jsonl", val="all.jsonl", test="t.jsonl", format="messages",
-                       load_kwargs={"seed": 3})
+def test_shared_source_is_split_by_prompt_and_separate_sources_used_whole(chatml, tmp_path):
+    # 40 prompts, each twice with different answers: a prompt's two examples must land in the same split
+    records = [_example(i, a) for i in range(40) for a in ("yes", "no")]
+    write_jsonl(records, tmp_path / "all.jsonl")
+    write_jsonl([_example(100 + i) for i in range(3)], tmp_path / "test.jsonl")
+    dm = SFTDataModule(
+        chatml,
+        train=str(tmp_path / "all.jsonl"),
+        val=str(tmp_path / "all.jsonl"),
+        test=str(tmp_path / "test.jsonl"),
+        split_fractions={"train": 0.7, "val": 0.3},
+        seed=3,
+    )
     dm.setup("fit")
-    assert calls == [
-        ("all.jsonl", "sft", "messages", "train", {"seed": 3}),
-        ("all.jsonl", "sft", "messages", "val", {"seed": 3}),
-        ("t.jsonl", "sft", "messages", None, {"seed": 3}),
-    ]
-    assert dm.stats["train"].dropped == {"duplicate": 2}  # the loader's summary keeps counting
+    prompts = {}
+    for split in ("train", "val"):
+        source, _ = dm._records(split)
+        prompts[split] = {normalise_prompt(prompt_of(r)) for r in source}
+        assert len(source) == 2 * len(prompts[split])  # both examples of a prompt together
+    assert not prompts["train"] & prompts["val"]
+    assert len(prompts["train"]) + len(prompts["val"]) == 40
+    assert len(prompts["val"]) > 0 and len(prompts["train"]) > len(prompts["val"])
+    assert len(dm.datasets["test"]) == 3
+    assert dm.stats["train"].read == 80  # the loader's summary, copied per split
+    assert dm.stats["train"] is not dm.stats["val"]

@@ -17,6 +17,7 @@ like ``DistributedSampler`` this repeats up to ``world_size - 1`` examples to ev
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from typing import Any
 
@@ -79,8 +80,9 @@ class ChatDataModule(pl.LightningDataModule):
     Args:
         tokenizer: a tokenizer with a chat template, or a path/name for ``AutoTokenizer.from_pretrained``.
         train, val, test: records of the subclass's kind, or a source for ``load_records``; ``None`` skips.
-            The same source for several splits is read with ``split=<name>`` (the loader splits it by
-            prompt group); a source for one split is read whole (``split=None``).
+            A source named for several splits is read once and split by prompt group
+            (:func:`lrlhf.data.splits.split_by_prompt` with ``split_fractions`` and ``seed``); a source named
+            for one split is used whole.
         batch_size: examples per training batch (packed: rows per batch). ``eval_batch_size`` defaults to it.
         max_length: the most tokens per sequence (per packed row when packing).
         truncation: ``"left"`` (cut the prompt's start) or ``"drop"``; see :mod:`lrlhf.data.tokenize`.
@@ -92,6 +94,7 @@ class ChatDataModule(pl.LightningDataModule):
         num_workers: DataLoader workers; 0 keeps the saved position exact (see :mod:`lrlhf.data.sampler`).
         num_replicas, rank: sharding when no trainer is attached (a trainer's values take precedence).
         format, load_kwargs: passed to ``load_records`` for sources.
+        split_fractions: shares of a shared source per split (renormalised over the splits that share it).
     """
 
     record_kind = ""  # the ``kind`` argument of load_records
@@ -118,6 +121,7 @@ class ChatDataModule(pl.LightningDataModule):
         rank: int = 0,
         format: str = "auto",
         load_kwargs: dict | None = None,
+        split_fractions: dict[str, float] | None = None,
     ):
         super().__init__()
         check_choice("truncation", truncation, TRUNCATION_POLICIES)
@@ -142,6 +146,8 @@ class ChatDataModule(pl.LightningDataModule):
         self.rank = rank
         self.format = format
         self.load_kwargs = dict(load_kwargs or {})
+        self.split_fractions = {"train": 0.9, "val": 0.05, "test": 0.05} | dict(split_fractions or {})
+        self._loaded: dict = {}
         self.datasets: dict[str, list] = {}
         self.stats: dict[str, Any] = {}
         self._train_sampler: ResumableSampler | None = None
@@ -174,12 +180,20 @@ class ChatDataModule(pl.LightningDataModule):
         if not isinstance(source, (str, bytes)) and not hasattr(source, "__fspath__"):
             return list(source), EncodeStats()
         from lrlhf.data.formats import load_records  # the format layer; imported only when a source is used
+        from lrlhf.data.splits import split_by_prompt
 
-        # One source named for several splits is split by the loader (by prompt group); a source named for
-        # one split is used whole.
-        shared = sum(other == source for other in self.sources.values()) > 1
-        kwargs = {"split": split if shared else None, **self.load_kwargs}
-        return load_records(source, self.record_kind, format=self.format, **kwargs)
+        if source not in self._loaded:
+            self._loaded[source] = load_records(source, self.record_kind, format=self.format, **self.load_kwargs)
+        records, summary = self._loaded[source]
+        summary = copy.deepcopy(summary)  # each split counts its own truncations from here on
+        sharing = [name for name in SPLITS if self.sources[name] == source]
+        if len(sharing) == 1:
+            return records, summary
+        # One source named for several splits is split by prompt group (no prompt crosses splits).
+        shares = {name: self.split_fractions[name] for name in sharing}
+        total = sum(shares.values())
+        parts = split_by_prompt(records, {name: share / total for name, share in shares.items()}, seed=self.seed)
+        return parts[split], summary
 
     def setup(self, stage: str | None = None) -> None:
         for split in SPLITS:
