@@ -167,6 +167,7 @@ class SFTModule(pl.LightningModule):
         self.sample_prompts = [as_prompt(p) for p in (sample_prompts or [])]
         self.val_nll = MeanMetric()  # mean NLL over all validation target tokens (synced across ranks)
         self._step_started: float | None = None
+        self._sampled_at = -1  # the optimiser step of the last sample table
         hparams = {"sft": asdict(self.config)}
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
@@ -215,7 +216,8 @@ class SFTModule(pl.LightningModule):
         self._step_started = time.perf_counter()
 
     def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
-        # Timed from batch start to after the optimiser step: forward, backward and update (not data loading).
+        # Throughput is this rank's (times the world size for the global figure), timed from batch start to
+        # after the optimiser step: forward, backward and update, not data loading.
         if self._step_started is not None:
             seconds = max(time.perf_counter() - self._step_started, 1e-9)
             target, total = _token_counts(batch)
@@ -223,8 +225,10 @@ class SFTModule(pl.LightningModule):
             self.log("train/tokens_per_s", total / seconds)
         if self.trainer.optimizers:
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
-        every = self.config.sample_every_n_steps
-        if every and self.sample_prompts and self.trainer.global_step % every == 0:
+        # With gradient accumulation this hook runs once per micro-batch: sample once per optimiser step.
+        step, every = self.trainer.global_step, self.config.sample_every_n_steps
+        if every and self.sample_prompts and step > 0 and step % every == 0 and step != self._sampled_at:
+            self._sampled_at = step
             self.log_samples()
 
     # ----------------------------------------------------------------------------------- validation
