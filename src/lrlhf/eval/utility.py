@@ -1,0 +1,63 @@
+"""Held-out gold utility of a policy on the toy world, measured by sampling."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from lrlhf.data.records import PromptExample
+from lrlhf.data.toy import gold_utility
+from lrlhf.models.generation import SamplingConfig, generate_responses
+
+
+class UtilityEstimate(NamedTuple):
+    """Mean gold utility of sampled responses.
+
+    mean: over all prompts (each prompt's ``n_samples`` averaged first).
+    stderr: standard error of ``mean`` across prompts (``std(per-prompt means, ddof=1) / sqrt(P)``): samples
+        of one prompt are correlated, so the prompt is the independent unit; 0 for a single prompt.
+    by_kind: mean per request kind (``meta["task"]["kind"]``).
+    """
+
+    mean: float
+    stderr: float
+    by_kind: dict[str, float]
+
+
+def sample_gold_utility(
+    model,
+    tokenizer,
+    prompts: Sequence[PromptExample],
+    n_samples: int = 1,
+    temperature: float = 1.0,
+    max_new_tokens: int = 32,
+    seed: int = 0,
+    batch_size: int = 64,
+) -> UtilityEstimate:
+    """Sample ``n_samples`` responses per prompt and score them with :func:`lrlhf.data.toy.gold_utility`.
+
+    Prompts are rendered with the chat template plus generation prompt and left-padded; sampling is plain
+    (``do_sample=True``, ``top_k=0``, ``top_p=1.0``) at ``temperature`` (0 = greedy); only generated tokens
+    are decoded, cut at EOS. Deterministic from ``seed`` (the caller's RNG state is left untouched).
+    """
+    if n_samples < 1:
+        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    if not prompts:
+        raise ValueError("sample_gold_utility needs at least one prompt")
+    repeated = [p for p in prompts for _ in range(n_samples)]  # the n samples of a prompt are adjacent
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    responses = generate_responses(model, tokenizer, repeated, sampling, batch_size=batch_size)
+    per_prompt = []
+    kinds: dict[str, list[float]] = defaultdict(list)
+    for i, prompt in enumerate(prompts):
+        task = prompt.meta["task"]
+        scores = [gold_utility(task, r) for r in responses[i * n_samples:(i + 1) * n_samples]]
+        per_prompt.append(sum(scores) / n_samples)
+        kinds[task["kind"]].append(per_prompt[-1])
+    n = len(per_prompt)
+    mean = sum(per_prompt) / n
+    var = sum((u - mean) ** 2 for u in per_prompt) / (n - 1) if n > 1 else 0.0
+    by_kind = {kind: sum(v) / len(v) for kind, v in sorted(kinds.items())}
+    return UtilityEstimate(mean, math.sqrt(var / n), by_kind)

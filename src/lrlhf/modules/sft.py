@@ -1,0 +1,328 @@
+"""Supervised fine-tuning: masked cross-entropy on assistant tokens, full or LoRA.
+
+The loss is the mean negative log-likelihood of the target tokens (``loss_mask``: assistant content and its
+EOS; prompt tokens and padding excluded), computed with :mod:`lrlhf.functional`. Validation reports the
+token-weighted loss over the whole validation set and its perplexity. Every ``sample_every_n_steps`` the
+module generates on a fixed set of prompts and logs a table (prompt, response and, for toy-world prompts,
+the gold utility).
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics.aggregation import MeanMetric
+
+from lrlhf.data.collate import model_inputs
+from lrlhf.data.records import PromptExample, SFTExample
+from lrlhf.functional import masked_mean, token_logprobs
+from lrlhf.models import (
+    LoraSpec,
+    ModelConfig,
+    add_adapters,
+    export_adapter,
+    export_merged,
+    load_causal_lm,
+    load_tokenizer,
+)
+from lrlhf.models.generation import SamplingConfig, as_prompt, generate_responses
+
+# ------------------------------------------------------------------------------------------ schedulers
+#: ``(warmup_steps, total_steps) -> (step -> lr factor)``. A new schedule is a new entry, not a new flag.
+LRSchedule = Callable[[int, int], Callable[[int], float]]
+
+
+def _warmup(step: int, warmup_steps: int) -> float:
+    # (step + 1) / warmup: the first optimiser step already moves (HF's step / warmup wastes step 0).
+    return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+def constant_schedule(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """Linear warmup, then the base lr."""
+    return lambda step: _warmup(step, warmup_steps)
+
+
+def cosine_schedule(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
+    """Linear warmup, then a half cosine from the base lr to 0 at ``total_steps``."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return _warmup(step, warmup_steps)
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+SCHEDULERS: dict[str, LRSchedule] = {"constant": constant_schedule, "cosine": cosine_schedule}
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclass
+class SFTConfig:
+    """Hyperparameters of SFT (gradient clipping and accumulation are the Trainer's)."""
+
+    lr: float = 2e-5
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay, applied to matrices only (not to norms and biases, which decay would pull to 0)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    warmup_steps: int = 0
+    """Optimiser steps of linear warmup."""
+    scheduler: str = "cosine"
+    """Learning-rate schedule after warmup: a name in :data:`SCHEDULERS`."""
+    total_steps: int | None = None
+    """Length of the schedule in optimiser steps; None = the Trainer's ``estimated_stepping_batches``."""
+    lora: LoraSpec | None = None
+    """None = full fine-tuning; a spec trains one LoRA adapter (named :attr:`adapter_name`), base frozen."""
+    adapter_name: str = "policy"
+    """Name of the SFT adapter: ``policy``, so a LoRA SFT run reads like the PPO role it prepares."""
+    sample_every_n_steps: int = 0
+    """Generate on the sample prompts every N optimiser steps and log a table; 0 = never."""
+    sample_max_new_tokens: int = 32
+    """Tokens generated per sample."""
+    sample_temperature: float = 0.0
+    """0 = greedy samples; > 0 samples at this temperature (top-k 0, top-p 1), recorded in the table."""
+    sample_seed: int = 0
+    """Seed of the sample table's generation (the training RNG is not touched)."""
+
+    def __post_init__(self):
+        if isinstance(self.lora, dict):  # from a YAML/Hydra config
+            self.lora = LoraSpec(**self.lora)
+        self.betas = tuple(self.betas)
+        checks = [
+            ("lr", self.lr > 0, "must be > 0"),
+            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
+            ("betas", len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "must be two values in [0, 1)"),
+            ("eps", self.eps > 0, "must be > 0"),
+            ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
+            ("scheduler", self.scheduler in SCHEDULERS, f"must be one of {sorted(SCHEDULERS)}"),
+            ("total_steps", self.total_steps is None or self.total_steps > 0, "must be > 0 or None"),
+            ("adapter_name", bool(self.adapter_name), "must be a non-empty name"),
+            ("sample_every_n_steps", self.sample_every_n_steps >= 0, "must be >= 0 (0 = never)"),
+            ("sample_max_new_tokens", self.sample_max_new_tokens >= 1, "must be >= 1"),
+            ("sample_temperature", self.sample_temperature >= 0, "must be >= 0 (0 = greedy)"),
+        ]
+        for key, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"sft.{key} {rule}, got {getattr(self, key)!r}")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        return SamplingConfig(self.sample_max_new_tokens, self.sample_temperature, self.sample_seed)
+
+
+class ExportPaths(NamedTuple):
+    """Where :meth:`SFTModule.export` wrote: ``merged`` always, ``adapter`` only for LoRA (else None)."""
+
+    merged: Path
+    adapter: Path | None
+
+
+# ---------------------------------------------------------------------------------------------- module
+class SFTModule(pl.LightningModule):
+    """SFT of a causal LM on batches of :class:`lrlhf.data.datamodules.SFTDataModule` (padded or packed).
+
+    Args:
+        model: a :class:`ModelConfig` (loaded in :meth:`configure_model`) or a ready causal LM module.
+        tokenizer: needed for the sample table and :meth:`export`; loaded from a ``ModelConfig`` when None.
+        config: hyperparameters (:class:`SFTConfig`, or a dict of its fields).
+        sample_prompts: the fixed prompts of the sample table (``PromptExample`` or ``SFTExample``, whose
+            last assistant turn is dropped); a toy-world task in ``meta["task"]`` adds the gold utility.
+
+    A ``ModelConfig`` is loaded in ``configure_model``, not ``__init__``: Lightning calls that hook under the
+    strategy's context (FSDP/ModelParallel shard or init on device there), and constructing the module stays
+    cheap. ``configure_model`` is idempotent; call it yourself to use the module outside a Trainer.
+    """
+
+    def __init__(
+        self,
+        model: ModelConfig | nn.Module,
+        tokenizer=None,
+        config: SFTConfig | dict | None = None,
+        sample_prompts: Sequence[PromptExample | SFTExample] | None = None,
+    ):
+        super().__init__()
+        self.config = config if isinstance(config, SFTConfig) else SFTConfig(**(config or {}))
+        self.model_config = model if isinstance(model, ModelConfig) else None
+        self.model: nn.Module | None = None
+        if self.model_config is None:
+            self.model = self._with_adapter(model)
+        if tokenizer is None and self.model_config is not None:
+            tokenizer = load_tokenizer(self.model_config)
+        self.tokenizer = tokenizer
+        self.sample_prompts = [as_prompt(p) for p in (sample_prompts or [])]
+        self.val_nll = MeanMetric()  # mean NLL over all validation target tokens (synced across ranks)
+        self._step_started: float | None = None
+        self._sampled_at = -1  # the optimiser step of the last sample table
+        hparams = {"sft": asdict(self.config)}
+        if self.model_config is not None:
+            hparams["model"] = asdict(self.model_config)
+        self.save_hyperparameters(hparams)
+
+    # ---------------------------------------------------------------------------------- model setup
+    def _with_adapter(self, model: nn.Module) -> nn.Module:
+        if self.config.lora is None:
+            return model
+        return add_adapters(model, {self.config.adapter_name: self.config.lora})
+
+    def configure_model(self) -> None:
+        if self.model is None:
+            self.model = self._with_adapter(load_causal_lm(self.model_config))
+
+    # ------------------------------------------------------------------------------ hooks to override
+    def forward(self, batch: dict[str, Tensor]) -> Tensor:
+        """Logits ``(B, T, V)`` of a padded or packed batch (:func:`model_inputs` picks the keyword set)."""
+        return self.model(**model_inputs(batch)).logits
+
+    def target_logprobs(self, logits: Tensor, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Log-probs of the next tokens and which of them are targets.
+
+        ``logits[:, t]`` predicts ``input_ids[:, t + 1]``, and ``loss_mask[:, t + 1]`` says whether that token is
+        a target, so both are shifted by one: returns ``(logprobs, mask)``, each ``(B, T - 1)``.
+        """
+        logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])
+        return logprobs, batch["loss_mask"][:, 1:]
+
+    def compute_loss(self, logits: Tensor, batch: dict[str, Tensor]) -> Tensor:
+        """Mean NLL over the batch's target tokens (a scalar; 0 when the batch has none)."""
+        logprobs, mask = self.target_logprobs(logits, batch)
+        return -masked_mean(logprobs, mask)
+
+    # ------------------------------------------------------------------------------------- training
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        # 1. forward (padded or packed)
+        logits = self(batch)
+        # 2. masked cross-entropy on the assistant targets
+        loss = self.compute_loss(logits, batch)
+        # 3. log the loss (throughput and lr are logged in on_train_batch_end, after the optimiser step)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._step_started = time.perf_counter()
+
+    def on_train_batch_end(self, outputs: Any, batch: dict[str, Tensor], batch_idx: int) -> None:
+        # Throughput is this rank's (times the world size for the global figure), timed from batch start to
+        # after the optimiser step: forward, backward and update, not data loading.
+        if self._step_started is not None:
+            seconds = max(time.perf_counter() - self._step_started, 1e-9)
+            target, total = _token_counts(batch)
+            self.log("train/target_tokens_per_s", target / seconds)
+            self.log("train/tokens_per_s", total / seconds)
+        if self.trainer.optimizers:
+            self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
+        # With gradient accumulation this hook runs once per micro-batch: sample once per optimiser step.
+        step, every = self.trainer.global_step, self.config.sample_every_n_steps
+        if every and self.sample_prompts and step > 0 and step % every == 0 and step != self._sampled_at:
+            self._sampled_at = step
+            self.log_samples()
+
+    # ----------------------------------------------------------------------------------- validation
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        logprobs, mask = self.target_logprobs(self(batch), batch)
+        # Every target token is one observation, so the epoch value is sum(nll) / #targets over the whole
+        # set, not a mean of batch means (which would overweight short batches).
+        self.val_nll.update(-logprobs[mask.bool()])
+
+    def on_validation_epoch_end(self) -> None:
+        if self.val_nll.update_count == 0:
+            return  # no validation batch (e.g. an empty loader)
+        loss = self.val_nll.compute()  # synced across ranks by torchmetrics: no sync_dist needed
+        self.val_nll.reset()
+        self.log("val/loss", loss)
+        self.log("val/ppl", torch.exp(loss))
+
+    # --------------------------------------------------------------------------------- sample table
+    def sample_table(self) -> tuple[list[str], list[list]]:
+        """Generate on the sample prompts: ``(columns, rows)`` with step, prompt, response, gold utility."""
+        responses = generate_responses(self.model, self.tokenizer, self.sample_prompts, self.config.sampling)
+        columns = ["step", "temperature", "prompt", "response", "gold_utility"]
+        rows = []
+        for prompt, response in zip(self.sample_prompts, responses, strict=True):
+            rows.append([
+                self.trainer.global_step if self._trainer is not None else 0,
+                self.config.sample_temperature,
+                prompt.prompt[-1]["content"] if prompt.prompt else "",
+                response,
+                _gold_utility(prompt, response),
+            ])
+        return columns, rows
+
+    def log_samples(self) -> None:
+        """Log the sample table: ``logger.log_table`` where a logger has it (W&B), else ``samples.csv``."""
+        columns, rows = self.sample_table()
+        wrote = False
+        for logger in self.loggers:
+            if hasattr(logger, "log_table"):
+                logger.log_table(key="samples", columns=columns, data=rows, step=self.trainer.global_step)
+                wrote = True
+        log_dir = self.trainer.log_dir  # a collective under DDP: every rank asks
+        if not wrote and self.trainer.is_global_zero and log_dir is not None:
+            path = Path(log_dir) / "samples.csv"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            new = not path.exists()
+            with path.open("a", newline="") as f:
+                writer = csv.writer(f)
+                if new:
+                    writer.writerow(columns)
+                writer.writerows(rows)
+
+    # ----------------------------------------------------------------------------------- optimiser
+    def configure_optimizers(self):
+        cfg = self.config
+        trainable = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for _, p in trainable if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+            {"params": [p for _, p in trainable if p.ndim < 2], "weight_decay": 0.0},
+        ]
+        groups = [g for g in groups if g["params"]]
+        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
+        total = cfg.total_steps or int(self.trainer.estimated_stepping_batches)
+        scheduler = LambdaLR(optimizer, SCHEDULERS[cfg.scheduler](cfg.warmup_steps, total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # -------------------------------------------------------------------------------------- export
+    def export(self, out_dir: str | Path) -> ExportPaths:
+        """Write ``out_dir/merged`` (plain transformers + tokenizer) and, with LoRA, ``out_dir/adapter``
+        (``PeftModel.from_pretrained(base, out_dir/adapter)``). The live model keeps its adapter."""
+        out_dir = Path(out_dir)
+        adapter = self.config.adapter_name if self.config.lora is not None else None
+        merged = export_merged(self.model, out_dir / "merged", self.tokenizer, adapter=adapter)
+        adapter_dir = None
+        if adapter is not None:
+            adapter_dir = export_adapter(self.model, out_dir / "adapter", adapter, self.tokenizer)
+        return ExportPaths(merged, adapter_dir)
+
+
+def _token_counts(batch: dict[str, Tensor]) -> tuple[int, int]:
+    """(target tokens, real tokens) of a padded or packed batch; packed padding has ``sequence_ids == -1``."""
+    target = int(batch["loss_mask"].sum())
+    if "attention_mask" in batch:
+        total = int(batch["attention_mask"].sum())
+    elif "sequence_ids" in batch:
+        total = int((batch["sequence_ids"] >= 0).sum())
+    else:
+        total = batch["input_ids"].numel()
+    return target, total
+
+
+def _gold_utility(prompt: PromptExample, response: str) -> float | None:
+    if "task" not in prompt.meta:
+        return None
+    from lrlhf.data.toy import gold_utility  # only toy-world prompts carry a task
+
+    return gold_utility(prompt.meta["task"], response)
