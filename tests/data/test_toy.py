@@ -317,8 +317,8 @@ def test_build_is_byte_identical_for_a_seed(world, tmp_path):
     paths, _ = world
     again = build_world(tmp_path / "again", seed=0)
     first, second = file_hashes(paths.root), file_hashes(again.root)
-    # 10 jsonl + world.json + 3 model files + 3 tokenizer files
-    assert sorted(first) == sorted(second) and len(first) == 17
+    # 10 jsonl + world.json + 3 tokenizer files + model/ (3 model files + the same 3 tokenizer files)
+    assert sorted(first) == sorted(second) and len(first) == 20
     assert first == second
     assert b"lrlhf" not in (again.model / "config.json").read_bytes()  # no paths or times leak in
     other = build_world(tmp_path / "other", seed=1, sizes=WorldSizes(sft_train=20, sft_val=5, pref_train=10,

@@ -63,3 +63,13 @@ def test_datamodules_on_the_toy_world(world):
     ideal = " ".join(map(str, sorted(items))) if meta["task"]["kind"] == "sort" else str(len(items))
     assert gold_utility(meta["task"], ideal) == pytest.approx(1.0)
     assert torch.equal(prompt_batch["attention_mask"].sum(1) > 0, torch.ones(4, dtype=torch.bool))
+
+
+def test_model_folder_loads_like_a_hub_checkpoint(world):
+    from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
+
+    cfg = ModelConfig(str(world.model))
+    tokenizer = load_tokenizer(cfg)
+    model = load_causal_lm(cfg)
+    assert tokenizer.chat_template and tokenizer.eos_token_id is not None
+    assert model.config.vocab_size == len(tokenizer)

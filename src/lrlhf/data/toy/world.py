@@ -291,7 +291,14 @@ def build_world(out_dir: str | os.PathLike, seed: int = 0, sizes: WorldSizes | N
     for name, records in data.items():
         write_jsonl(getattr(paths, name), records)
     _save_folder_atomic(tokenizer, paths.tokenizer)
-    _save_folder_atomic(build_model(cfg.model, tokenizer, cfg.seed), paths.model)
+    model = build_model(cfg.model, tokenizer, cfg.seed)
+
+    def save_model(folder: Path) -> None:
+        # The tokenizer goes with the model too, so `model/` loads like any hub checkpoint.
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+
+    atomic_save_folder(paths.model, save_model)
     summary = world_summary(cfg, data, tokenizer)
     text = json.dumps(summary, ensure_ascii=False, sort_keys=True, indent=2) + "\n"
     atomic_write_text(paths.world_json, text)
