@@ -81,3 +81,15 @@ def test_collate_packed_pairs_end_positions():
     assert batch["rejected_end"].tolist() == [[0, 4], [0, 8], [1, 7]]
     assert batch["pair_targets"].tolist() == [1.0, 0.5, 1.0]
     assert model_inputs(batch)["use_cache"] is False and "attention_mask" not in model_inputs(batch)
+
+
+def test_pairs_carry_source_meta_and_completion_lengths():
+    pairs = [EncodedPair(A, C, 1.0, "hh", {"task": {"kind": "sort"}}), EncodedPair(B, A, 0.5)]
+    padded = collate_pairs(pairs, PAD)
+    assert padded["sources"] == ["hh", ""]
+    assert padded["meta"] == [{"task": {"kind": "sort"}}, {}]
+    packed = collate_packed_pairs([pairs[:1], pairs[1:]], PAD)
+    assert packed["sources"] == ["hh", ""] and packed["meta"] == padded["meta"]
+    # completion = tokens after the prompt, chosen A (3-2), B (5-2), then rejected C (2-1), A (3-2)
+    assert packed["completion_lengths"].tolist() == [1, 3, 1, 1]
+    assert (padded["lengths"] - padded["prompt_lengths"]).tolist() == [1, 3, 1, 1]

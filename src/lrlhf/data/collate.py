@@ -56,11 +56,17 @@ def collate_pairs(batch: Sequence[EncodedPair], pad_token_id: int) -> dict[str, 
     """Pairs as one batch of 2B rows for a single forward: rows [0, B) chosen, rows [B, 2B) rejected.
 
     Adds ``pair_targets`` (B,) float = P(chosen wins), 0.5 for a tie. ``lengths - 1`` indexes each row's last
-    real token (where a reward model reads its score).
+    real token (where a reward model reads its score). ``sources`` and ``meta`` (lists of B) are the records'
+    (per-source evaluation).
     """
     out = collate_encoded([p.chosen for p in batch] + [p.rejected for p in batch], pad_token_id)
     out["pair_targets"] = torch.tensor([p.target for p in batch], dtype=torch.float32)
+    out.update(_pair_origin(batch))
     return out
+
+
+def _pair_origin(pairs: Sequence[EncodedPair]) -> dict[str, list]:
+    return {"sources": [p.source for p in pairs], "meta": [p.meta or {} for p in pairs]}
 
 
 def collate_rankings(batch: Sequence[EncodedRanking], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -158,7 +164,9 @@ def collate_packed_pairs(rows: Sequence[Sequence[EncodedPair]], pad_token_id: in
 
     Returns :func:`collate_packed`'s tensors plus, for the B pairs in row-major order, ``pair_targets`` (B,)
     and ``chosen_end`` / ``rejected_end`` (B, 2) long = (row, column) of each sequence's last token, where a
-    reward model reads its score: ``values[chosen_end[:, 0], chosen_end[:, 1]]``.
+    reward model reads its score: ``values[chosen_end[:, 0], chosen_end[:, 1]]``; ``completion_lengths``
+    (2B,) long = tokens after the prompt, chosen first then rejected (as the padded layout's
+    ``lengths - prompt_lengths``); ``sources`` and ``meta`` as in :func:`collate_pairs`.
     """
     sequences = [[e for pair in row for e in (pair.chosen, pair.rejected)] for row in rows]
     out = collate_packed(sequences, pad_token_id)
@@ -172,7 +180,12 @@ def collate_packed_pairs(rows: Sequence[Sequence[EncodedPair]], pad_token_id: in
             ends.append((chosen_end, (r, col - 1)))
     out["chosen_end"] = torch.tensor([c for c, _ in ends], dtype=torch.long)
     out["rejected_end"] = torch.tensor([r for _, r in ends], dtype=torch.long)
-    out["pair_targets"] = torch.tensor([p.target for row in rows for p in row], dtype=torch.float32)
+    pairs = [p for row in rows for p in row]
+    out["pair_targets"] = torch.tensor([p.target for p in pairs], dtype=torch.float32)
+    out["completion_lengths"] = torch.tensor(
+        [len(e.input_ids) - e.prompt_length for e in [p.chosen for p in pairs] + [p.rejected for p in pairs]]
+    )
+    out.update(_pair_origin(pairs))
     return out
 
 

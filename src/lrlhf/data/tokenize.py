@@ -66,11 +66,16 @@ class Encoded(NamedTuple):
 
 
 class EncodedPair(NamedTuple):
-    """A preference pair; both sides share the same (possibly truncated) prompt tokens."""
+    """A preference pair; both sides share the same (possibly truncated) prompt tokens.
+
+    ``source`` and ``meta`` are the record's, carried for per-source evaluation (reward-model metrics).
+    """
 
     chosen: Encoded
     rejected: Encoded
     target: float  # P(chosen wins); 0.5 for a tie
+    source: str = ""
+    meta: dict[str, Any] | None = None
 
 
 class EncodedRanking(NamedTuple):
@@ -286,7 +291,7 @@ def encode_sft(tokenizer, example: SFTExample, **kw) -> Encoded | None:
 def encode_pair(tokenizer, pair: PreferencePair, **kw) -> EncodedPair | None:
     """A preference pair; loss masks mark the completions' assistant turns (what DPO scores)."""
     out = encode_chat(tokenizer, pair.prompt, [pair.chosen, pair.rejected], **kw)
-    return None if out is None else EncodedPair(out[0], out[1], float(pair.target))
+    return None if out is None else EncodedPair(out[0], out[1], float(pair.target), pair.source, dict(pair.meta))
 
 
 def encode_ranking(tokenizer, ranking: Ranking, **kw) -> EncodedRanking | None:

@@ -1,5 +1,6 @@
-"""LightningModules: each ``training_step`` reads as numbered steps over :mod:`lrlhf.functional`."""
+"""LightningModules: they orchestrate the functional, data and model layers, one numbered step at a time."""
 
+from lrlhf.modules.reward import RewardConfig, RewardModule, compute_calibration, load_reward_model
 from lrlhf.modules.sft import SFTConfig, SFTModule
 
-__all__ = ["SFTConfig", "SFTModule"]
+__all__ = ["RewardConfig", "RewardModule", "SFTConfig", "SFTModule", "compute_calibration", "load_reward_model"]

@@ -1,0 +1,543 @@
+"""Reward-model training: a :class:`~lrlhf.models.ScalarModel` fitted to preferences with Bradley–Terry.
+
+Batches come from :class:`lrlhf.data.PreferenceDataModule`:
+
+- pairs (padded): ``2B`` rows, chosen rows ``[0, B)`` then rejected rows ``[B, 2B)``, ``pair_targets`` (B,);
+- pairs (packed): rows holding whole pairs, ``chosen_end`` / ``rejected_end`` (B, 2) where each score is read;
+- rankings: ``N`` flattened completions with ``group`` and ``ranks`` (1 = best).
+
+Every batch is scored in ONE forward pass (chosen and rejected together), then split.
+
+After training, :func:`compute_calibration` measures the mean and std of the rewards on reference
+completions; :meth:`RewardModule.export` writes them next to the weights as ``reward_calibration.json`` so
+PPO can apply the frozen affine normalisation ``(r - mean) / std`` (:class:`RewardCalibration`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from torchmetrics import CatMetric, MeanMetric, PearsonCorrCoef
+from torchmetrics.classification import BinaryAUROC, BinaryCalibrationError
+
+from lrlhf.data.collate import model_inputs
+from lrlhf.functional import bradley_terry_loss, ranking_loss
+from lrlhf.models import (
+    LoraSpec,
+    ModelConfig,
+    ScalarModel,
+    add_adapters,
+    export_merged,
+    load_causal_lm,
+    load_tokenizer,
+)
+
+SCHEDULERS = ("constant", "linear", "cosine")
+HEAD_INITS = ("normal", "zero")
+TIES = ("soft", "drop")
+LENGTH_BUCKETS = ("chosen_longer", "similar", "chosen_shorter")
+CALIBRATION_FILE = "reward_calibration.json"
+HEAD_FILE = "reward_head.safetensors"
+ADAPTER_NAME = "reward"
+
+
+@dataclass
+class RewardConfig:
+    """Hyperparameters of reward-model training (``reward.*`` in configs)."""
+
+    lr: float = 1e-4
+    """AdamW learning rate (peak, after warmup)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay, applied to matrices only (not to biases or norm weights)."""
+    warmup_steps: int = 0
+    """Optimizer steps of linear warmup from 0 to ``lr``."""
+    scheduler: str = "constant"
+    """After warmup: ``constant``, ``linear`` (to 0) or ``cosine`` (to 0) over the Trainer's total steps."""
+    lora: LoraSpec | None = None
+    """A LoRA adapter named ``reward`` on a frozen backbone; None fine-tunes the whole backbone. The head is
+    trained either way."""
+    head_init: str = "normal"
+    """``normal``: weight ~ N(0, 1/(H+1)), bias 0 (Stiennon et al., 2020); ``zero``: every reward starts at 0."""
+    center_coef: float = 0.0
+    """Reward-centering regulariser (Eisenstein et al., 2023, "Helping or Herding"): adds
+    ``center_coef * mean(r^2)`` over every scored completion of the batch, so the BT loss (which only sees
+    differences) cannot let the rewards drift; TRL uses 0.01. 0 disables it."""
+    ties: str = "soft"
+    """Pair ties (``pair_targets == 0.5``): ``soft`` trains on them as the BCE target 0.5 (pulls the margin to
+    0); ``drop`` leaves them out of the loss. Ranking ties are always soft (``ranking_loss``'s target 0.5)."""
+    similar_length: int = 2
+    """Validation: a pair whose completions differ by at most this many tokens is in the ``similar`` bucket."""
+    order_seed: int = 0
+    """Validation: seed of the fixed generator that randomises the A/B order for ECE and AUROC."""
+    calibration_bins: int = 10
+    """Validation: bins of the expected calibration error."""
+
+    def __post_init__(self):
+        if not self.lr > 0:
+            raise ValueError(f"reward.lr must be > 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"reward.weight_decay must be >= 0, got {self.weight_decay}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"reward.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.scheduler not in SCHEDULERS:
+            raise ValueError(f"reward.scheduler={self.scheduler!r}; choose one of {SCHEDULERS}")
+        if self.head_init not in HEAD_INITS:
+            raise ValueError(f"reward.head_init={self.head_init!r}; choose one of {HEAD_INITS}")
+        if self.center_coef < 0:
+            raise ValueError(f"reward.center_coef must be >= 0, got {self.center_coef}")
+        if self.ties not in TIES:
+            raise ValueError(f"reward.ties={self.ties!r}; choose one of {TIES}")
+        if self.similar_length < 0:
+            raise ValueError(f"reward.similar_length must be >= 0, got {self.similar_length}")
+        if self.calibration_bins < 1:
+            raise ValueError(f"reward.calibration_bins must be >= 1, got {self.calibration_bins}")
+        if isinstance(self.lora, dict):  # from a YAML config
+            self.lora = LoraSpec(**self.lora)
+
+
+class PairView(NamedTuple):
+    """A batch's scores as pairs (a ranking batch contributes every within-prompt pair).
+
+    Fields (P pairs):
+        chosen, rejected: ``(P,)`` rewards of the first (preferred) and second completion.
+        target: ``(P,)`` P(first wins): 1 for a label, 0.5 for a tie.
+        chosen_length, rejected_length: ``(P,)`` completion lengths in tokens (prompt excluded).
+        sources: P group names for per-source accuracy (see :meth:`RewardModule.pair_sources`), or None.
+    """
+
+    chosen: Tensor
+    rejected: Tensor
+    target: Tensor
+    chosen_length: Tensor
+    rejected_length: Tensor
+    sources: list[str] | None
+
+
+class RewardLoss(NamedTuple):
+    """What :meth:`RewardModule.compute_loss` returns.
+
+    Fields:
+        loss: scalar to minimise (BT or ranking loss, plus the centering term).
+        pairs: the batch as pairs (detached rewards), for accuracy and margin statistics.
+    """
+
+    loss: Tensor
+    pairs: PairView
+
+
+def is_ranking(batch: dict) -> bool:
+    return "group" in batch
+
+
+def completion_lengths(batch: dict) -> Tensor:
+    """``(rows,)`` tokens after the prompt of each scored row, in :meth:`RewardModule.score`'s order."""
+    if "completion_lengths" in batch:  # packed
+        return batch["completion_lengths"]
+    return batch["lengths"] - batch["prompt_lengths"]
+
+
+def ranking_pairs(ranks: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Every unordered within-group pair once, oriented better-first: ``(first, second, target)``, each ``(P,)``.
+
+    ``target`` is 1 when ``first`` ranks strictly better, 0.5 for equal ranks (the orientation of a tie is the
+    row order, which does not matter for a symmetric target).
+    """
+    n = ranks.shape[0]
+    upper = torch.triu(torch.ones(n, n, dtype=torch.bool, device=ranks.device), diagonal=1)
+    i, j = ((group[:, None] == group[None, :]) & upper).nonzero(as_tuple=True)
+    swap = ranks[j] < ranks[i]
+    first, second = torch.where(swap, j, i), torch.where(swap, i, j)
+    target = torch.where(ranks[i] == ranks[j], 0.5, 1.0)
+    return first, second, target
+
+
+def pairwise_accuracy(margin: Tensor) -> Tensor:
+    """``(P,)`` 1 where the preferred side scores higher, 0 where lower, 1/2 for equal scores."""
+    return (margin > 0).float() + 0.5 * (margin == 0).float()
+
+
+class RewardModule(pl.LightningModule):
+    """Bradley–Terry reward model on a causal-LM backbone, full fine-tune or LoRA (adapter ``reward``).
+
+    Args:
+        model: a :class:`ModelConfig` (loaded with :func:`load_causal_lm`), a causal LM, or a ready
+            :class:`ScalarModel` (used as is: no adapter is added, ``head_init`` is ignored).
+        config: hyperparameters (:class:`RewardConfig`).
+        tokenizer: saved by :meth:`export`: a tokenizer, or a path for :func:`load_tokenizer`; when omitted, the
+            ``ModelConfig``'s folder's tokenizer if it has one.
+
+    Subclass hooks: :meth:`score` (rewards of a batch), :meth:`compute_loss` (rewards -> loss),
+    :meth:`pair_sources` (the group a pair is reported under).
+    """
+
+    def __init__(self, model: ModelConfig | nn.Module, config: RewardConfig | None = None, tokenizer=None):
+        super().__init__()
+        self.config = config = config or RewardConfig()
+        self.save_hyperparameters({"reward": asdict(config)})
+        if isinstance(tokenizer, (str, Path)):
+            tokenizer = load_tokenizer(ModelConfig(str(tokenizer)))
+        if isinstance(model, ModelConfig):
+            if tokenizer is None and (Path(model.name_or_path) / "tokenizer_config.json").is_file():
+                tokenizer = load_tokenizer(model)
+            model = load_causal_lm(model)
+        if not isinstance(model, ScalarModel):
+            if config.lora is not None:
+                model = add_adapters(model, {ADAPTER_NAME: config.lora})
+            model = ScalarModel(model, zero_init=config.head_init == "zero")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.calibration: RewardCalibration | None = None
+        self._order_generator = torch.Generator().manual_seed(config.order_seed)
+        self._build_metrics()
+
+    # ------------------------------------------------------------------------------------------ metrics
+    def _build_metrics(self) -> None:
+        # Module attributes: Lightning moves them to the device and, logged as Metric objects, syncs them
+        # across processes and resets them at epoch end.
+        self.val_accuracy = MeanMetric()
+        self.val_nll = MeanMetric()
+        self.val_ece = BinaryCalibrationError(n_bins=self.config.calibration_bins, norm="l1")
+        self.val_auroc = BinaryAUROC()
+        self.val_margins = CatMetric()
+        self.val_length_corr = PearsonCorrCoef()
+        self.val_length_accuracy = nn.ModuleDict({name: MeanMetric() for name in LENGTH_BUCKETS})
+        # Per-source metrics are created for the sources known at setup (from the validation set) so every
+        # process holds the same metrics; one created later (no datamodule) is fine in a single process.
+        self.val_source_accuracy = nn.ModuleDict()
+
+    def register_sources(self, sources: Iterable[str]) -> None:
+        for name in sorted(set(sources)):
+            if name not in self.val_source_accuracy:
+                self.val_source_accuracy[name] = MeanMetric().to(self.device)
+
+    def setup(self, stage: str) -> None:
+        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        if datamodule is None or stage not in ("fit", "validate"):
+            return
+        datamodule.setup(stage)
+        items = getattr(datamodule, "datasets", {}).get("val", [])
+        pairs = [p for row in items for p in row] if getattr(datamodule, "packing", False) else items
+        if pairs and hasattr(pairs[0], "meta") and hasattr(pairs[0], "chosen"):
+            self.register_sources(self.pair_source(p.source, p.meta or {}) for p in pairs)
+
+    # --------------------------------------------------------------------------------------------- hooks
+    def score(self, batch: dict) -> Tensor:
+        """Rewards of every completion of the batch in ONE forward pass.
+
+        Returns ``(2B,)`` for pairs (chosen ``[0, B)``, rejected ``[B, 2B)``, padded or packed alike) and
+        ``(N,)`` for rankings.
+        """
+        if "chosen_end" in batch:  # packed: read each sequence's last token
+            hidden = self.model.hidden_states(attention_mask=None, **model_inputs(batch))  # (R, L, H)
+            ends = torch.cat([batch["chosen_end"], batch["rejected_end"]])  # (2B, 2)
+            return self.model.head(hidden[ends[:, 0], ends[:, 1]])
+        return self.model.score(batch["input_ids"], batch["attention_mask"])
+
+    def pair_source(self, source: str, meta: dict) -> str:
+        """The group a pair's accuracy is reported under: ``meta["source"]``, else the toy task kind
+        (``meta["task"]["kind"]``), else the record's source (usually its file)."""
+        if meta.get("source"):
+            return str(meta["source"])
+        task = meta.get("task")
+        if isinstance(task, dict) and task.get("kind"):
+            return str(task["kind"])
+        return source or "unknown"
+
+    def pair_sources(self, batch: dict) -> list[str] | None:
+        if "sources" not in batch:
+            return None
+        return [self.pair_source(s, m) for s, m in zip(batch["sources"], batch["meta"], strict=True)]
+
+    def as_pairs(self, rewards: Tensor, batch: dict) -> PairView:
+        """The batch's rewards as pairs (see :class:`PairView`); rewards keep their graph."""
+        lengths = completion_lengths(batch)
+        if is_ranking(batch):
+            first, second, target = ranking_pairs(batch["ranks"], batch["group"])
+            return PairView(rewards[first], rewards[second], target.to(rewards.dtype), lengths[first],
+                            lengths[second], None)
+        b = batch["pair_targets"].shape[0]
+        return PairView(rewards[:b], rewards[b:], batch["pair_targets"].to(rewards.dtype), lengths[:b], lengths[b:],
+                        self.pair_sources(batch))
+
+    def compute_loss(self, rewards: Tensor, batch: dict) -> RewardLoss:
+        """Bradley–Terry on pairs (``pair_targets`` as soft labels) or per-prompt-averaged ranking loss.
+
+        Args:
+            rewards: ``(2B,)`` or ``(N,)`` from :meth:`score`.
+        """
+        pairs = self.as_pairs(rewards, batch)
+        if is_ranking(batch):
+            loss = ranking_loss(rewards, batch["ranks"], batch["group"])
+        elif self.config.ties == "drop":
+            keep = pairs.target != 0.5
+            # A batch of ties only contributes 0 (with a graph, so every process runs the same backward).
+            loss = bradley_terry_loss(pairs.chosen[keep], pairs.rejected[keep], pairs.target[keep]) if keep.any() \
+                else rewards.sum() * 0.0
+        else:
+            loss = bradley_terry_loss(pairs.chosen, pairs.rejected, pairs.target)
+        if self.config.center_coef > 0:
+            loss = loss + self.config.center_coef * rewards.pow(2).mean()
+        return RewardLoss(loss, pairs._replace(chosen=pairs.chosen.detach(), rejected=pairs.rejected.detach()))
+
+    # ---------------------------------------------------------------------------------------------- steps
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        # 1. One forward for chosen and rejected together (the concatenated 2B batch, or N ranked rows).
+        rewards = self.score(batch)
+        # 2.-3. Split into pairs and compute the loss (BT with soft labels for ties, or the ranking loss).
+        out = self.compute_loss(rewards, batch)
+        # 4. Log: loss, accuracy on non-tie pairs, mean margin (preferred minus other).
+        margin = out.pairs.chosen - out.pairs.rejected
+        labelled = out.pairs.target != 0.5
+        n = margin.shape[0]
+        self.log("train/loss", out.loss, prog_bar=True, batch_size=n)
+        if labelled.any():
+            self.log("train/accuracy", pairwise_accuracy(margin[labelled]).mean(), batch_size=int(labelled.sum()))
+        self.log("train/margin", margin.mean(), batch_size=n)
+        return out.loss
+
+    def validation_step(self, batch: dict, batch_idx: int) -> None:
+        # 1. Score (one forward), 2. view as pairs, 3. update every metric, 4. log the metric objects
+        # (Lightning computes them, synced across processes, at epoch end).
+        rewards = self.score(batch)
+        out = self.compute_loss(rewards, batch)
+        self.update_metrics(rewards, batch, out.pairs)
+        self.log("val/loss", out.loss, batch_size=out.pairs.chosen.shape[0], sync_dist=True)
+        self.log_metrics()
+
+    def update_metrics(self, rewards: Tensor, batch: dict, pairs: PairView) -> None:
+        """Update the validation metrics from one batch (``rewards`` as from :meth:`score`)."""
+        rewards = rewards.detach().float()
+        margin = (pairs.chosen - pairs.rejected).float()
+        target = pairs.target.float()
+        self.val_nll.update(F.binary_cross_entropy_with_logits(margin, target, reduction="none"))
+        self.val_margins.update(margin)
+        self.val_length_corr.update(rewards, completion_lengths(batch).to(rewards.dtype))
+        labelled = target != 0.5
+        if not labelled.any():
+            return
+        margin, correct = margin[labelled], pairwise_accuracy(margin[labelled])
+        self.val_accuracy.update(correct)
+        # A chosen-first layout has only positives (target 1), for which AUROC is undefined and ECE only
+        # measures over-/under-confidence one way; show each pair in a random A/B order from a fixed
+        # generator, so both classes appear and the figures are reproducible.
+        flip = torch.rand(margin.shape[0], generator=self._order_generator).lt(0.5).to(margin.device)
+        shown = torch.where(flip, -margin, margin)
+        first_wins = (~flip).long()
+        self.val_ece.update(torch.sigmoid(shown), first_wins)
+        self.val_auroc.update(torch.sigmoid(shown), first_wins)
+        diff = (pairs.chosen_length - pairs.rejected_length)[labelled]
+        buckets = {
+            "chosen_longer": diff > self.config.similar_length,
+            "similar": diff.abs() <= self.config.similar_length,
+            "chosen_shorter": diff < -self.config.similar_length,
+        }
+        for name, in_bucket in buckets.items():
+            if in_bucket.any():
+                self.val_length_accuracy[name].update(correct[in_bucket])
+        if pairs.sources is not None:
+            sources = [s for s, keep in zip(pairs.sources, labelled.tolist(), strict=True) if keep]
+            self.register_sources(sources)
+            for name in set(sources):
+                mask = torch.tensor([s == name for s in sources], device=correct.device)
+                self.val_source_accuracy[name].update(correct[mask])
+
+    def log_metrics(self) -> None:
+        kw = {"on_step": False, "on_epoch": True}
+        self.log("val/accuracy", self.val_accuracy, prog_bar=True, **kw)
+        self.log("val/nll", self.val_nll, **kw)
+        self.log("val/ece", self.val_ece, **kw)
+        self.log("val/auroc", self.val_auroc, **kw)
+        self.log("val/reward_length_corr", self.val_length_corr, **kw)
+        for name, metric in self.val_length_accuracy.items():
+            self.log(f"val/accuracy_{name}", metric, **kw)
+        for name, metric in self.val_source_accuracy.items():
+            self.log(f"val/accuracy_source/{name}", metric, **kw)
+
+    def on_validation_epoch_start(self) -> None:
+        # The same flips every epoch: epoch-to-epoch changes of ECE / AUROC are the model's, not the order's.
+        self._order_generator = torch.Generator().manual_seed(self.config.order_seed)
+
+    def on_validation_epoch_end(self) -> None:
+        # Margin distribution: CatMetric gathers every process's margins; summarised here, then reset.
+        if self.val_margins.update_count == 0:
+            return
+        margins = self.val_margins.compute().flatten().float()
+        self.val_margins.reset()
+        stats = margin_summary(margins)
+        for name, value in stats.items():
+            self.log(f"val/margin_{name}", value)  # the same on every process (CatMetric gathered them)
+        experiment = getattr(self.logger, "experiment", None) if self.logger is not None else None
+        if hasattr(experiment, "add_histogram"):  # TensorBoard
+            experiment.add_histogram("val/margin", margins.cpu(), self.global_step)
+        elif experiment is not None and type(experiment).__module__.startswith("wandb"):
+            import wandb
+
+            experiment.log({"val/margin_hist": wandb.Histogram(margins.cpu().numpy())}, commit=False)
+
+    # ------------------------------------------------------------------------------------------ optimiser
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for p in self.model.parameters():
+            if p.requires_grad:
+                (decay if p.ndim >= 2 else no_decay).append(p)
+        groups = [{"params": decay, "weight_decay": self.config.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.config.lr)
+        total = max(int(self.trainer.estimated_stepping_batches), 1) if self._trainer is not None else 1
+        schedule = lr_lambda(self.config.scheduler, self.config.warmup_steps, total)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+    # --------------------------------------------------------------------------------------------- export
+    def export(self, out_dir: str | Path) -> Path:
+        """Write a stand-alone reward model: merged backbone (``save_pretrained``), head, tokenizer, calibration.
+
+        Files: the transformers checkpoint (``config.json``, ``model.safetensors``), ``reward_head.safetensors``,
+        the tokenizer when known, ``reward_calibration.json`` when :func:`compute_calibration` has run.
+        Load with :func:`load_reward_model`.
+        """
+        from safetensors.torch import save_file
+
+        out_dir = Path(out_dir)
+        export_merged(self.model.backbone, out_dir, tokenizer=self.tokenizer, adapter=None)
+        head = {k: v.detach().cpu().contiguous() for k, v in self.model.head.state_dict().items()}
+        save_file(head, out_dir / HEAD_FILE)
+        if self.calibration is not None:
+            self.calibration.save(out_dir)
+        return out_dir
+
+
+def lr_lambda(scheduler: str, warmup_steps: int, total_steps: int):
+    """Multiplier of the peak lr at optimizer step ``s``: linear warmup, then constant / linear / cosine to 0."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / (warmup_steps + 1)
+        if scheduler == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        if scheduler == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def margin_summary(margins: Tensor) -> dict[str, float]:
+    """Mean, std (unbiased; 0 for one value) and the 5/25/50/75/95 % quantiles of ``(P,)`` margins."""
+    qs = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=margins.dtype, device=margins.device)
+    quantiles = torch.quantile(margins, qs).tolist()
+    std = margins.std().item() if margins.numel() > 1 else 0.0
+    out = {"mean": margins.mean().item(), "std": std}
+    out.update({f"q{int(round(q * 100)):02d}": v for q, v in zip(qs.tolist(), quantiles, strict=True)})
+    return out
+
+
+# ------------------------------------------------------------------------------------------- calibration
+@dataclass
+class RewardCalibration:
+    """Frozen affine normalisation of a reward model's scores: ``(r - mean) / std``.
+
+    Measured once after training on reference completions (a held-out set, or the SFT policy's outputs)
+    and kept fixed during PPO, so the reward scale does not move with the policy.
+    """
+
+    mean: float
+    """Mean reward on the reference completions."""
+    std: float
+    """Standard deviation (unbiased) of the reward on the reference completions."""
+    count: int
+    """Number of completions measured."""
+    reference: str = ""
+    """What the reference completions were (free text)."""
+
+    def normalise(self, rewards: Tensor) -> Tensor:
+        return (rewards - self.mean) / self.std
+
+    def save(self, out_dir: str | Path) -> Path:
+        from lrlhf.utils.io import atomic_write_text
+
+        path = Path(out_dir) / CALIBRATION_FILE
+        atomic_write_text(path, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> RewardCalibration:
+        """From ``reward_calibration.json`` or the folder holding it."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / CALIBRATION_FILE
+        return cls(**json.loads(path.read_text()))
+
+
+def load_calibration(path: str | Path) -> RewardCalibration:
+    """:meth:`RewardCalibration.load`."""
+    return RewardCalibration.load(path)
+
+
+@torch.no_grad()
+def compute_calibration(module: RewardModule, data, reference: str = "") -> RewardCalibration:
+    """Mean and std of the rewards of every completion in ``data``; stored on ``module.calibration``.
+
+    Args:
+        module: the trained reward module (scored in eval mode, restored afterwards).
+        data: a datamodule (its ``val_dataloader()``), a DataLoader, or any iterable of batches that
+            :meth:`RewardModule.score` accepts (pair, ranking, or plain ``input_ids`` / ``attention_mask``
+            batches, e.g. the SFT policy's outputs).
+        reference: a description saved with the numbers.
+
+    Single process: run it after ``trainer.fit`` on rank 0.
+    """
+    if hasattr(data, "val_dataloader"):
+        data.setup("validate")
+        data = data.val_dataloader()
+    was_training = module.training
+    module.eval()
+    try:
+        rewards = torch.cat([module.score(_to_device(b, module.device)).float().cpu() for b in data])
+    finally:
+        module.train(was_training)
+    if rewards.numel() < 2:
+        raise ValueError("compute_calibration needs at least two completions")
+    std = rewards.std().item()
+    if not std > 0:
+        raise ValueError("compute_calibration: every reward is equal, the std is 0")
+    module.calibration = RewardCalibration(rewards.mean().item(), std, rewards.numel(), reference)
+    return module.calibration
+
+
+def _to_device(batch: dict, device) -> dict:
+    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
+
+
+def load_reward_model(out_dir: str | Path, dtype: str = "float32") -> ScalarModel:
+    """A :class:`ScalarModel` in eval mode from :meth:`RewardModule.export`'s folder."""
+    from safetensors.torch import load_file
+
+    out_dir = Path(out_dir)
+    backbone = load_causal_lm(ModelConfig(str(out_dir), dtype=dtype))
+    model = ScalarModel(backbone)
+    model.head.load_state_dict(load_file(out_dir / HEAD_FILE))
+    return model.eval()
+
+
+__all__ = [
+    "PairView",
+    "RewardCalibration",
+    "RewardConfig",
+    "RewardLoss",
+    "RewardModule",
+    "compute_calibration",
+    "load_calibration",
+    "load_reward_model",
+    "ranking_pairs",
+]
