@@ -7,14 +7,11 @@ the same base under :func:`reference_mode`. The base weights are never trained w
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
 
 #: Every linear layer inside the transformer blocks, per ``config.model_type`` (the QLoRA paper's finding:
 #: adapting all block linears matters more than the rank). Output and embedding layers are never adapted.
@@ -100,17 +97,6 @@ def reference_mode(model):
     if not hasattr(model, "disable_adapter"):
         raise TypeError("reference_mode needs a peft model; full fine-tuning needs a separate reference model")
     return model.disable_adapter()
-
-
-@contextlib.contextmanager
-def _inference(model):
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
 
 
 def export_merged(model, out_dir: str | Path, tokenizer=None, adapter: str | None = None) -> Path:
