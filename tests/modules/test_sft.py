@@ -19,7 +19,7 @@ from lrlhf.data.records import SFTExample
 from lrlhf.data.toy import WorldSizes, build_world
 from lrlhf.models import LoraSpec, ModelConfig
 from lrlhf.modules import SFTConfig, SFTModule
-from lrlhf.modules.sft import SCHEDULERS
+from lrlhf.modules.optim import SCHEDULERS
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
 
@@ -93,7 +93,7 @@ def test_validation_loss_is_token_weighted(tmp_path):
 # ------------------------------------------------------------------------------------------ config
 @pytest.mark.parametrize("key, value", [
     ("lr", 0.0), ("weight_decay", -0.1), ("betas", (0.9, 1.0)), ("eps", 0.0), ("warmup_steps", -1),
-    ("scheduler", "linear"), ("total_steps", 0), ("adapter_name", ""), ("sample_every_n_steps", -1),
+    ("scheduler", "step"), ("total_steps", 0), ("adapter_name", ""), ("sample_every_n_steps", -1),
     ("sample_max_new_tokens", 0), ("sample_temperature", -1.0),
 ])  # fmt: skip
 def test_config_errors_name_the_key(key, value):
@@ -279,3 +279,9 @@ def test_smollm2_gguf_lora_two_sft_steps(tmp_path):
     assert math.isfinite(trainer.callback_metrics["train/loss"].item())
     assert all(torch.equal(after[n], before[n]) for n in after if "lora_" not in n)
     assert any(not torch.equal(after[n], before[n]) for n in after if "lora_B" in n)
+
+
+def test_linear_schedule_by_hand():
+    # warmup 2 of 6 steps: 1/2, 1, then linear from 1 to 0 over the remaining 4 steps
+    linear = SCHEDULERS["linear"](2, 6)
+    assert [linear(s) for s in range(7)] == [0.5, 1.0, 1.0, 0.75, 0.5, 0.25, 0.0]

@@ -16,7 +16,6 @@ PPO can apply the frozen affine normalisation ``(r - mean) / std`` (:class:`Rewa
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -40,8 +39,8 @@ from lrlhf.models import (
     load_causal_lm,
     load_tokenizer,
 )
+from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
 
-SCHEDULERS = ("constant", "linear", "cosine")
 HEAD_INITS = ("normal", "zero")
 TIES = ("soft", "drop")
 LENGTH_BUCKETS = ("chosen_longer", "similar", "chosen_shorter")
@@ -89,7 +88,7 @@ class RewardConfig:
         if self.warmup_steps < 0:
             raise ValueError(f"reward.warmup_steps must be >= 0, got {self.warmup_steps}")
         if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"reward.scheduler={self.scheduler!r}; choose one of {SCHEDULERS}")
+            raise ValueError(f"reward.scheduler={self.scheduler!r}; choose one of {sorted(SCHEDULERS)}")
         if self.head_init not in HEAD_INITS:
             raise ValueError(f"reward.head_init={self.head_init!r}; choose one of {HEAD_INITS}")
         if self.center_coef < 0:
@@ -262,11 +261,18 @@ class RewardModule(pl.LightningModule):
         lengths = completion_lengths(batch)
         if is_ranking(batch):
             first, second, target = ranking_pairs(batch["ranks"], batch["group"])
-            return PairView(rewards[first], rewards[second], target.to(rewards.dtype), lengths[first],
-                            lengths[second], None)
+            return PairView(
+                rewards[first], rewards[second], target.to(rewards.dtype), lengths[first], lengths[second], None
+            )
         b = batch["pair_targets"].shape[0]
-        return PairView(rewards[:b], rewards[b:], batch["pair_targets"].to(rewards.dtype), lengths[:b], lengths[b:],
-                        self.pair_sources(batch))
+        return PairView(
+            rewards[:b],
+            rewards[b:],
+            batch["pair_targets"].to(rewards.dtype),
+            lengths[:b],
+            lengths[b:],
+            self.pair_sources(batch),
+        )
 
     def compute_loss(self, rewards: Tensor, batch: dict) -> RewardLoss:
         """Bradley–Terry on pairs (``pair_targets`` as soft labels) or per-prompt-averaged ranking loss.
@@ -280,8 +286,11 @@ class RewardModule(pl.LightningModule):
         elif self.config.ties == "drop":
             keep = pairs.target != 0.5
             # A batch of ties only contributes 0 (with a graph, so every process runs the same backward).
-            loss = bradley_terry_loss(pairs.chosen[keep], pairs.rejected[keep], pairs.target[keep]) if keep.any() \
+            loss = (
+                bradley_terry_loss(pairs.chosen[keep], pairs.rejected[keep], pairs.target[keep])
+                if keep.any()
                 else rewards.sum() * 0.0
+            )
         else:
             loss = bradley_terry_loss(pairs.chosen, pairs.rejected, pairs.target)
         if self.config.center_coef > 0:
@@ -385,17 +394,14 @@ class RewardModule(pl.LightningModule):
 
     # ------------------------------------------------------------------------------------------ optimiser
     def configure_optimizers(self):
-        decay, no_decay = [], []
-        for p in self.model.parameters():
-            if p.requires_grad:
-                (decay if p.ndim >= 2 else no_decay).append(p)
-        groups = [{"params": decay, "weight_decay": self.config.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=self.config.lr)
-        total = max(int(self.trainer.estimated_stepping_batches), 1) if self._trainer is not None else 1
-        schedule = lr_lambda(self.config.scheduler, self.config.warmup_steps, total)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return adamw_with_schedule(
+            self.model,
+            lr=self.config.lr,
+            weight_decay=self.config.weight_decay,
+            scheduler=self.config.scheduler,
+            warmup_steps=self.config.warmup_steps,
+            total_steps=int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1,
+        )
 
     # --------------------------------------------------------------------------------------------- export
     def export(self, out_dir: str | Path) -> Path:
@@ -414,22 +420,6 @@ class RewardModule(pl.LightningModule):
         if self.calibration is not None:
             self.calibration.save(out_dir)
         return out_dir
-
-
-def lr_lambda(scheduler: str, warmup_steps: int, total_steps: int):
-    """Multiplier of the peak lr at optimizer step ``s``: linear warmup, then constant / linear / cosine to 0."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / (warmup_steps + 1)
-        if scheduler == "constant":
-            return 1.0
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        if scheduler == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
 
 
 def margin_summary(margins: Tensor) -> dict[str, float]:

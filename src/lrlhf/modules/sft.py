@@ -10,9 +10,8 @@ the gold utility).
 from __future__ import annotations
 
 import csv
-import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,7 +19,6 @@ from typing import Any, NamedTuple
 import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
-from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics.aggregation import MeanMetric
 
 from lrlhf.data.collate import model_inputs
@@ -36,35 +34,7 @@ from lrlhf.models import (
     load_tokenizer,
 )
 from lrlhf.models.generation import SamplingConfig, as_prompt, generate_responses
-
-# ------------------------------------------------------------------------------------------ schedulers
-#: ``(warmup_steps, total_steps) -> (step -> lr factor)``. A new schedule is a new entry, not a new flag.
-LRSchedule = Callable[[int, int], Callable[[int], float]]
-
-
-def _warmup(step: int, warmup_steps: int) -> float:
-    # (step + 1) / warmup: the first optimiser step already moves (HF's step / warmup wastes step 0).
-    return min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-
-
-def constant_schedule(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """Linear warmup, then the base lr."""
-    return lambda step: _warmup(step, warmup_steps)
-
-
-def cosine_schedule(warmup_steps: int, total_steps: int) -> Callable[[int], float]:
-    """Linear warmup, then a half cosine from the base lr to 0 at ``total_steps``."""
-
-    def factor(step: int) -> float:
-        if step < warmup_steps:
-            return _warmup(step, warmup_steps)
-        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return factor
-
-
-SCHEDULERS: dict[str, LRSchedule] = {"constant": constant_schedule, "cosine": cosine_schedule}
+from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -253,13 +223,15 @@ class SFTModule(pl.LightningModule):
         columns = ["step", "temperature", "prompt", "response", "gold_utility"]
         rows = []
         for prompt, response in zip(self.sample_prompts, responses, strict=True):
-            rows.append([
-                self.trainer.global_step if self._trainer is not None else 0,
-                self.config.sample_temperature,
-                prompt.prompt[-1]["content"] if prompt.prompt else "",
-                response,
-                _gold_utility(prompt, response),
-            ])
+            rows.append(
+                [
+                    self.trainer.global_step if self._trainer is not None else 0,
+                    self.config.sample_temperature,
+                    prompt.prompt[-1]["content"] if prompt.prompt else "",
+                    response,
+                    _gold_utility(prompt, response),
+                ]
+            )
         return columns, rows
 
     def log_samples(self) -> None:
@@ -284,16 +256,16 @@ class SFTModule(pl.LightningModule):
     # ----------------------------------------------------------------------------------- optimiser
     def configure_optimizers(self):
         cfg = self.config
-        trainable = [(n, p) for n, p in self.named_parameters() if p.requires_grad]
-        groups = [
-            {"params": [p for _, p in trainable if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-            {"params": [p for _, p in trainable if p.ndim < 2], "weight_decay": 0.0},
-        ]
-        groups = [g for g in groups if g["params"]]
-        optimizer = torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps)
-        total = cfg.total_steps or int(self.trainer.estimated_stepping_batches)
-        scheduler = LambdaLR(optimizer, SCHEDULERS[cfg.scheduler](cfg.warmup_steps, total))
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return adamw_with_schedule(
+            self,
+            lr=cfg.lr,
+            weight_decay=cfg.weight_decay,
+            betas=cfg.betas,
+            eps=cfg.eps,
+            scheduler=cfg.scheduler,
+            warmup_steps=cfg.warmup_steps,
+            total_steps=cfg.total_steps or int(self.trainer.estimated_stepping_batches),
+        )
 
     # -------------------------------------------------------------------------------------- export
     def export(self, out_dir: str | Path) -> ExportPaths:
