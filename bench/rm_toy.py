@@ -48,6 +48,8 @@ def test_set_yardsticks(world: Path, annotators: dict) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--world", help="a built toy world (default: build seed 0 in a temp dir)")
+    parser.add_argument("--start", help="the model to start from, e.g. the SFT export of bench/sft_toy.py "
+                        "(default: the toy world's tiny Llama at its random init)")
     parser.add_argument("--budget", type=float, default=115.0, help="training seconds (Trainer max_time)")
     parser.add_argument("--max-steps", type=int, default=1100)
     parser.add_argument("--lr", type=float, default=3e-3)
@@ -58,6 +60,8 @@ def main() -> None:
     parser.add_argument("--center", type=float, default=0.0)
     parser.add_argument("--lora", action="store_true", help="LoRA r=8 instead of full fine-tuning")
     parser.add_argument("--no-rankings", dest="rankings", action="store_false", help="train on pref_train only")
+    parser.add_argument("--eval-on", choices=("test", "val"), default="test",
+                        help="score pref_test (the reported figure) or pref_val (for choosing settings)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -86,9 +90,10 @@ def main() -> None:
     config = RewardConfig(lr=args.lr, warmup_steps=args.warmup, scheduler=args.scheduler,
                           weight_decay=args.weight_decay, center_coef=args.center,
                           lora=LoraSpec() if args.lora else None)
-    module = RewardModule(ModelConfig(str(world / "model")), config, tokenizer=world / "tokenizer")
+    start_model = args.start or str(world / "model")
+    module = RewardModule(ModelConfig(start_model), config, tokenizer=world / "tokenizer")
     pairs = PreferenceDataModule(str(world / "tokenizer"), train=str(world / "pref_train.jsonl"),
-                                 val=str(world / "pref_test.jsonl"), batch_size=args.batch_size,
+                                 val=str(world / f"pref_{args.eval_on}.jsonl"), batch_size=args.batch_size,
                                  eval_batch_size=200, max_length=128, seed=args.seed)
     train_loaders = pairs
     if args.rankings:
@@ -114,11 +119,12 @@ def main() -> None:
     metrics = evaluator.validate(module, dataloaders=pairs.val_dataloader(), verbose=False)[0]
 
     print(f"torch threads: {torch.get_num_threads()}")
-    print(f"start model: toy world tiny Llama, random init (not SFT'd); {'LoRA r=8' if args.lora else 'full FT'}")
+    origin = args.start or "toy world tiny Llama, random init"
+    print(f"start model: {origin}; {'LoRA r=8' if args.lora else 'full FT'}")
     print(f"data: pref_train pairs{' + rank_train rankings' if args.rankings else ''}; "
           f"batch {args.batch_size}, lr {args.lr}, warmup {args.warmup}, {args.scheduler}")
     print(f"train wall time: {wall:.1f} s, steps: {trainer.global_step}, epochs started: {trainer.current_epoch + 1}")
-    print(f"pref_test non-tie pairs: {test_marks['n']}")
+    print(f"scored on: pref_{args.eval_on}; pref_test non-tie pairs: {test_marks['n']}")
     print(f"held-out pairwise accuracy (non-tie): {metrics['val/accuracy']:.3f}")
     print(f"annotator accuracy ceiling (world.json, pref_train): {ceiling:.3f}  gap: "
           f"{100 * (ceiling - metrics['val/accuracy']):+.1f} points")

@@ -82,6 +82,8 @@ def main() -> None:
     print(f"demonstrator mean gold: {demo:.3f} ({demo_by_kind})")
     gap = result.mean - demo
     print(f"gap: {gap:+.3f} (target |gap| <= 0.05: {'met' if abs(gap) <= 0.05 else 'NOT met'})")
+    exported = module.export(os.path.join(out, "sft"))
+    print(f"SFT model (merged, with tokenizer): {exported.merged}")
 
 
 if __name__ == "__main__":

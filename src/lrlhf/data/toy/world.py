@@ -41,7 +41,7 @@ class WorldSizes:
     """SFT training prompts (one demonstration each)."""
     sft_val: int = 200
     """SFT validation prompts."""
-    pref_train: int = 1000
+    pref_train: int = 4000
     """Preference training prompts (``pairs_per_prompt`` pairs and one ranking each)."""
     pref_val: int = 200
     """Preference validation prompts."""
