@@ -1,0 +1,290 @@
+"""Reward-model training step: lrlhf's ``RewardModule`` against TRL's ``RewardTrainer``, in one run.
+
+Install trl in a venv of its own (a bench-only extra; it is never a dependency of the package):
+
+    python -m venv /work/venv-trl
+    /work/venv-trl/bin/pip install torch==2.13.0 -e ".[bench]"     # torch pinned: the local CPU wheel
+    /work/venv-trl/bin/python bench/rm_vs_trl.py [--pairs 16] [--length 128] [--steps 30] [--warmup 5] [--lora]
+
+What is compared (issue #4's target: our step <= 0.7x TRL's):
+
+- Model: the reference config of issue #10, a randomly initialised Llama (hidden 256, 4 layers, 4 heads,
+  intermediate 1024, vocab 8000, untied embeddings), saved once and loaded by both sides; TRL's
+  ``score`` layer gets our reward head's initial weight (ours also has a bias, initialised to 0), so the first
+  losses agree (printed as a check).
+- Batch: the same ``--pairs`` pairs every step, prompt + completion lengths drawn in
+  ``[length / 2, length]`` with one sequence exactly ``length`` tokens, right-padded to ``length``; both
+  sides concatenate chosen then rejected into one ``2B``-row forward (TRL's ``DataCollatorForPreference``
+  and ``compute_loss`` do the same: one forward, ``torch.chunk`` into chosen / rejected).
+- Training: fp32, full fine-tuning (``--lora``: LoRA r=8 on every linear of the attention and MLP blocks,
+  head trained), AdamW lr 1e-4, no weight decay, linear schedule without warmup, gradient norm clipped to
+  1.0 on both sides (TRL's default; HF's loop computes the norm even when it does not clip). TRL's defaults
+  ``gradient_checkpointing=True`` and ``bf16=True`` are switched off so it does the same work as ours.
+- A step is what each framework runs per optimizer step, inside its real training loop: Lightning's
+  ``Trainer.fit`` for ours (``training_step`` with its ``self.log`` calls, backward, clipping, AdamW, zero_grad),
+  HF's ``Trainer.train`` for TRL (``training_step``: ``compute_loss`` with its metric ``.item()`` calls and the
+  backward; grad-norm clipping, AdamW, LR scheduler, zero_grad). Each is timed by a callback from just after
+  the batch is fetched (Lightning ``on_train_batch_start``, HF ``on_step_begin``) to just after zero_grad
+  (``on_train_batch_end``, ``on_step_end``); data loading and the loops' periodic logging are outside.
+- Alternation: each loop runs in its own thread, and the two threads hand a baton over at every step end,
+  so exactly one of them runs at any time and step i of ours is followed by step i of TRL's. The first
+  ``--warmup`` steps of each are discarded; the median and the spread of the rest are printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+import torch
+
+PAD, EOS = 0, 1
+
+
+class Baton:
+    """Strict alternation of two threads: ``hand_over(a, b)`` wakes ``b``; ``wait(a)`` blocks until ``a``'s turn."""
+
+    def __init__(self, names, timeout: float = 600.0):
+        self.events = {name: threading.Event() for name in names}
+        self.timeout = timeout
+        self.failed: BaseException | None = None
+
+    def wait(self, name: str) -> None:
+        if not self.events[name].wait(self.timeout):
+            raise TimeoutError(f"{name} waited over {self.timeout} s for its turn")
+        self.events[name].clear()
+        if self.failed is not None:
+            raise RuntimeError("the other side failed") from self.failed
+
+    def hand_over(self, to: str) -> None:
+        self.events[to].set()
+
+    def fail(self, error: BaseException) -> None:
+        self.failed = error
+        for event in self.events.values():
+            event.set()
+
+
+def build_model(out: Path, seed: int) -> None:
+    """The reference Llama of issue #10 at a random init, and a word-level tokenizer over its 8000 ids."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(
+        hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+        intermediate_size=1024, vocab_size=8000, tie_word_embeddings=False, max_position_embeddings=1024,
+        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(out)
+    vocab = {"<pad>": PAD, "</s>": EOS, **{f"t{i}": i for i in range(2, config.vocab_size)}}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(WordLevel(vocab, unk_token="t2")), pad_token="<pad>", eos_token="</s>"
+    )
+    tokenizer.save_pretrained(out)
+
+
+def make_pairs(n: int, length: int, vocab: int, seed: int) -> list[tuple[list[int], list[int], int]]:
+    """``n`` pairs ``(chosen_ids, rejected_ids, prompt_length)`` sharing a prompt, ids never the pad id."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = []
+    for i in range(n):
+        prompt_length = int(torch.randint(10, 41, (1,), generator=g))
+        sides = []
+        for side in range(2):
+            total = length if (i, side) == (0, 0) else int(torch.randint(length // 2, length + 1, (1,), generator=g))
+            sides.append(torch.randint(2, vocab, (total,), generator=g))
+        sides[1][:prompt_length] = sides[0][:prompt_length]
+        pairs.append((sides[0].tolist(), sides[1].tolist(), prompt_length))
+    return pairs
+
+
+def our_trainer_parts(model_dir: Path, pairs, args):
+    """RewardModule on the saved model, a DataLoader yielding the pair batch, a Lightning Trainer (no callback)."""
+    from functools import partial
+
+    from torch.utils.data import DataLoader
+
+    from lrlhf.data.collate import collate_pairs
+    from lrlhf.data.tokenize import Encoded, EncodedPair
+    from lrlhf.models import LoraSpec, ModelConfig
+    from lrlhf.modules import RewardConfig, RewardModule
+
+    def encoded(ids, prompt_length):
+        ids = torch.tensor(ids)
+        mask = torch.arange(len(ids)) >= prompt_length
+        return Encoded(ids, torch.ones_like(ids), mask, prompt_length)
+
+    data = [EncodedPair(encoded(c, p), encoded(r, p), 1.0) for c, r, p in pairs]
+    loader = DataLoader(data, batch_size=len(data), shuffle=False, collate_fn=partial(collate_pairs, pad_token_id=PAD))
+    config = RewardConfig(lr=args.lr, weight_decay=0.0, scheduler="linear", warmup_steps=0,
+                          lora=LoraSpec(r=8, alpha=16.0) if args.lora else None)
+    module = RewardModule(ModelConfig(str(model_dir)), config)
+    return module, loader
+
+
+def trl_trainer(model_dir: Path, pairs, args, head_weight: torch.Tensor, callbacks):
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from trl import RewardConfig, RewardTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
+    with torch.no_grad():
+        model.score.weight.copy_(head_weight)
+    peft_config = None
+    if args.lora:
+        from peft import LoraConfig
+
+        from lrlhf.models.lora import lora_target_modules
+
+        peft_config = LoraConfig(r=8, lora_alpha=16.0, lora_dropout=0.0, bias="none", task_type="SEQ_CLS",
+                                 target_modules=lora_target_modules(model))
+    dataset = Dataset.from_dict({"chosen_ids": [c for c, _, _ in pairs], "rejected_ids": [r for _, r, _ in pairs]})
+    config = RewardConfig(
+        output_dir=str(model_dir.parent / "trl-out"), per_device_train_batch_size=len(pairs),
+        max_steps=args.warmup + args.steps, learning_rate=args.lr, weight_decay=0.0, lr_scheduler_type="linear",
+        warmup_steps=0, max_grad_norm=1.0, bf16=False, fp16=False, gradient_checkpointing=False,
+        max_length=args.length, use_cpu=True, report_to="none", save_strategy="no", logging_steps=10,
+        dataloader_num_workers=0, disable_tqdm=True, seed=args.seed,
+    )
+    return RewardTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
+                         peft_config=peft_config, callbacks=callbacks)
+
+
+def first_losses(module, loader, trainer) -> tuple[float, float]:
+    """Both sides' loss on the batch before any update (same model, same batch: should agree)."""
+    batch = next(iter(loader))
+    trl_batch = next(iter(trainer.get_train_dataloader()))
+    with torch.no_grad():
+        ours = module.compute_loss(module.score(batch), batch).loss.item()
+        trainer.model.eval()
+        theirs = trainer.compute_loss(trainer.model, dict(trl_batch)).item()
+        trainer.model.train()
+    trainer._metrics["train"].clear()
+    return ours, theirs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=16)
+    parser.add_argument("--length", type=int, default=128, help="longest prompt + completion, padded to it")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per side")
+    parser.add_argument("--warmup", type=int, default=5, help="untimed first steps per side")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--lora", action="store_true", help="LoRA r=8 instead of full fine-tuning")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+
+    import lightning
+    import transformers
+    import trl
+    from lightning.pytorch import Callback, Trainer
+    from transformers import TrainerCallback
+
+    total = args.warmup + args.steps
+    baton = Baton(["ours", "trl"])
+    times: dict[str, list[float]] = {"ours": [], "trl": []}
+
+    class OurTimer(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            times["ours"].append(time.perf_counter() - self.start)
+            baton.hand_over("trl")
+            baton.wait("ours")  # also after our last step: our teardown must not overlap TRL's last step
+
+    class TrlTimer(TrainerCallback):
+        def on_train_begin(self, args_, state, control, **kwargs):
+            baton.wait("trl")
+
+        def on_step_begin(self, args_, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            times["trl"].append(time.perf_counter() - self.start)
+            baton.hand_over("ours")
+            if len(times["trl"]) < total:
+                baton.wait("trl")
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "model"
+        build_model(model_dir, args.seed)
+        pairs = make_pairs(args.pairs, args.length, 8000, args.seed)
+        module, loader = our_trainer_parts(model_dir, pairs, args)
+        theirs = trl_trainer(model_dir, pairs, args, module.model.head.linear.weight.detach(), [TrlTimer()])
+        loss_ours, loss_trl = first_losses(module, loader, theirs)
+        ours = Trainer(max_steps=total, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                       limit_val_batches=0, gradient_clip_val=1.0, callbacks=[OurTimer()])
+
+        def run_trl():
+            try:
+                theirs.train()
+            except BaseException as error:  # handed to the main thread
+                baton.fail(error)
+
+        worker = threading.Thread(target=run_trl, name="trl")
+        worker.start()
+        try:
+            ours.fit(module, train_dataloaders=loader)
+        except BaseException as error:
+            baton.fail(error)
+            raise
+        worker.join()
+        if baton.failed is not None:
+            raise RuntimeError("TRL's loop failed") from baton.failed
+
+        trl_model = theirs.model
+        n_ours = sum(p.numel() for p in module.model.parameters() if p.requires_grad)
+        n_trl = sum(p.numel() for p in trl_model.parameters() if p.requires_grad)
+        batch = next(iter(loader))
+        opt_ours = module.trainer.optimizers[0]
+        opt_trl = theirs.optimizer.optimizer if hasattr(theirs.optimizer, "optimizer") else theirs.optimizer
+
+    def summary(xs):
+        xs = xs[args.warmup:]
+        q = statistics.quantiles(xs, n=4)
+        return statistics.median(xs), q[0], q[2], min(xs), max(xs)
+
+    ours_s, trl_s = summary(times["ours"]), summary(times["trl"])
+    mode = "LoRA r=8 (head trained)" if args.lora else "full fine-tuning"
+    print(f"torch threads: {torch.get_num_threads()}")
+    print(f"versions: torch {torch.__version__}, lightning {lightning.__version__}, transformers "
+          f"{transformers.__version__}, trl {trl.__version__}")
+    print(f"model: Llama h256 L4 heads4 ffn1024 vocab8000 untied, random init (same weights both sides); {mode}; "
+          f"trainable params ours {n_ours:,} / TRL {n_trl:,}")
+    print(f"batch: {args.pairs} pairs = {2 * args.pairs} rows x {batch['input_ids'].shape[1]} tokens "
+          f"({int(batch['attention_mask'].sum())} real), fp32, AdamW lr {args.lr}, clip 1.0")
+    print(f"optimizers: ours {type(opt_ours).__name__}(foreach={opt_ours.defaults.get('foreach')}, "
+          f"fused={opt_ours.defaults.get('fused')}); TRL {type(opt_trl).__name__}(foreach="
+          f"{opt_trl.defaults.get('foreach')}, fused={opt_trl.defaults.get('fused')})")
+    print(f"loss before training: ours {loss_ours:.6f}  TRL {loss_trl:.6f}")
+    print(f"steps: {args.warmup} warm-up + {args.steps} timed per side, alternating step by step")
+    print()
+    print("| side | median ms/step | q1-q3 | min-max |")
+    print("|---|---|---|---|")
+    for name, s in (("lrlhf RewardModule (Lightning)", ours_s), ("TRL RewardTrainer", trl_s)):
+        print(f"| {name} | {1e3 * s[0]:.1f} | {1e3 * s[1]:.1f}-{1e3 * s[2]:.1f} | {1e3 * s[3]:.1f}-{1e3 * s[4]:.1f} |")
+    print()
+    print(f"ratio ours / TRL (medians): {ours_s[0] / trl_s[0]:.3f}  (target <= 0.7)")
+
+
+if __name__ == "__main__":
+    main()
