@@ -5,7 +5,7 @@ the tensor shapes and which positions a mask marks valid; see the README for the
 (one reward slot per action, the score added once at the terminal action).
 """
 
-from lrlhf.functional.advantages import gae
+from lrlhf.functional.advantages import gae, grpo_advantages, rloo_advantages
 from lrlhf.functional.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
@@ -52,6 +52,7 @@ __all__ = [
     "entropy_from_logits",
     "explained_variance",
     "gae",
+    "grpo_advantages",
     "kl_abs",
     "kl_k1",
     "kl_k2",
@@ -64,6 +65,7 @@ __all__ = [
     "ppo_policy_loss",
     "ranking_loss",
     "response_masks",
+    "rloo_advantages",
     "shape_rewards",
     "token_logprobs",
     "value_loss",

@@ -39,3 +39,49 @@ def gae(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float, lam: float)
         next_value = values[:, t]
     returns = (advantages + values) * mask
     return advantages, returns
+
+
+def _groups(rewards: Tensor, k: int, name: str) -> Tensor:
+    if rewards.dim() != 1:
+        raise ValueError(f"{name}: rewards must be (B,), got shape {tuple(rewards.shape)}")
+    if k < 2:
+        raise ValueError(f"{name} needs k >= 2 samples per prompt, got {k}")
+    if rewards.shape[0] % k:
+        raise ValueError(f"{name}: {rewards.shape[0]} rewards do not split into groups of k={k}")
+    return rewards.reshape(-1, k)
+
+
+def rloo_advantages(rewards: Tensor, k: int) -> Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al., 2024): ``A_i = r_i - mean_{j != i} r_j`` within a group.
+
+    Args:
+        rewards: ``(B,)`` sequence rewards, ``B = P * k``, the ``k`` samples of one prompt adjacent
+            (rows ``[p * k, (p + 1) * k)``).
+        k: samples per prompt, ``>= 2`` (a leave-one-out baseline needs another sample).
+
+    Returns:
+        ``(B,)`` advantages; each group sums to 0.
+    """
+    r = _groups(rewards, k, "rloo_advantages")  # (P, k)
+    baseline = (r.sum(dim=1, keepdim=True) - r) / (k - 1)
+    return (r - baseline).reshape(-1)
+
+
+def grpo_advantages(rewards: Tensor, k: int, eps: float = 1e-6, scale: bool = True) -> Tensor:
+    """Group-relative advantages (GRPO, Shao et al., 2024): ``(r_i - mean_g) / (std_g + eps)``.
+
+    ``std_g`` is the unbiased standard deviation of the group (as ``torch.std``); a group of equal rewards
+    gives 0 advantages. ``scale=False`` only subtracts the group mean (Dr. GRPO, Liu et al., 2025).
+
+    Args:
+        rewards: ``(B,)`` sequence rewards, groups of ``k`` adjacent rows (see :func:`rloo_advantages`).
+        k: samples per prompt, ``>= 2``.
+
+    Returns:
+        ``(B,)`` advantages.
+    """
+    r = _groups(rewards, k, "grpo_advantages")  # (P, k)
+    centred = r - r.mean(dim=1, keepdim=True)
+    if scale:
+        centred = centred / (r.std(dim=1, keepdim=True) + eps)
+    return centred.reshape(-1)

@@ -54,7 +54,8 @@ def as_prompt(example: PromptExample | SFTExample) -> PromptExample:
     return example
 
 
-def _eos_ids(model, tokenizer) -> set[int]:
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """The stop ids: the tokenizer's EOS plus any EOS ids in the model's generation config."""
     ids = {tokenizer.eos_token_id}
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if isinstance(configured, int):
@@ -104,7 +105,7 @@ def generate_responses(
     prompts = [as_prompt(p) for p in prompts]
     encoded = [encode_prompt(tokenizer, p, max_length=max_prompt_length, truncation="left") for p in prompts]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos_ids = _eos_ids(model, tokenizer)
+    eos_ids = eos_token_ids(model, tokenizer)
     device = next(model.parameters()).device
     responses: list[str] = []
     devices = [device] if device.type == "cuda" else []

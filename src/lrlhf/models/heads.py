@@ -38,7 +38,7 @@ class ScalarHead(nn.Module):
         return self.linear(hidden.to(self.linear.weight.dtype)).squeeze(-1)
 
 
-def _decoder(model):
+def decoder(model):
     """The transformer body of a causal LM (no LM head), through any peft wrapper."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return getattr(base, base.base_model_prefix)
@@ -64,7 +64,7 @@ class ScalarModel(nn.Module):
         """
         if "position_ids" not in kwargs:
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        out = _decoder(self.backbone)(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        out = decoder(self.backbone)(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return out.last_hidden_state
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor, **kwargs) -> Tensor:

@@ -1,6 +1,17 @@
 """LightningModules: they orchestrate the functional, data and model layers, one numbered step at a time."""
 
+from lrlhf.modules.ppo import PPOConfig, PPOModule, Rollout
 from lrlhf.modules.reward import RewardConfig, RewardModule, compute_calibration, load_reward_model
 from lrlhf.modules.sft import SFTConfig, SFTModule
 
-__all__ = ["RewardConfig", "RewardModule", "SFTConfig", "SFTModule", "compute_calibration", "load_reward_model"]
+__all__ = [
+    "PPOConfig",
+    "PPOModule",
+    "RewardConfig",
+    "RewardModule",
+    "Rollout",
+    "SFTConfig",
+    "SFTModule",
+    "compute_calibration",
+    "load_reward_model",
+]

