@@ -4,7 +4,7 @@ Target (issue 5): the PPO policy's mean sampled gold utility on the evaluation p
 policy's beyond the noise (a paired bootstrap interval over prompts), with a PPO phase <= 5 minutes on
 1 torch thread.
 
-    PYTHONPATH=src python bench/ppo_toy.py [--ppo-budget 240] [--rm-budget 90] [--lr 3e-3] [--kl 0.05]
+    PYTHONPATH=src python bench/ppo_toy.py [--ppo-budget 240] [--rm-steps 1100] [--lr 3e-3] [--kl 0.2]
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def bootstrap(x: torch.Tensor, n: int = 2000, seed: int = 0) -> tuple[float, flo
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sft-steps", type=int, default=600)
-    parser.add_argument("--rm-budget", type=float, default=90.0)
+    parser.add_argument("--rm-steps", type=int, default=1100, help="RM optimiser steps (fixed: a wall-clock "
+                        "budget would make the RM, and so the PPO result, differ from run to run)")
     parser.add_argument("--ppo-budget", type=float, default=240.0, help="PPO training seconds (max_time)")
     parser.add_argument("--rollouts", type=int, default=80, help="at most this many rollouts")
     parser.add_argument("--batch", type=int, default=32, help="prompts per rollout")
@@ -93,7 +94,7 @@ def main() -> None:
                                                               weight_decay=0.01), tokenizer=world.tokenizer)
     pairs = PreferenceDataModule(str(world.tokenizer), train=str(world.pref_train), val=str(world.pref_test),
                                  batch_size=32, eval_batch_size=200, max_length=128, seed=args.seed)
-    _trainer(out, max_steps=1100, max_time={"seconds": args.rm_budget}).fit(rm, datamodule=pairs)
+    _trainer(out, max_steps=args.rm_steps).fit(rm, datamodule=pairs)
     metrics = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                          default_root_dir=out).validate(rm, dataloaders=pairs.val_dataloader(), verbose=False)[0]
     calibration = compute_calibration(rm, pairs, reference="pref_test completions")
