@@ -337,3 +337,60 @@ def test_smollm2_gguf_two_ppo_steps_with_lora(tmp_path, smollm2_config):
     assert math.isfinite(trainer.callback_metrics["ppo/approx_kl"].item())
     assert all(torch.equal(after[n], before[n]) for n in after if "lora_" not in n)
     assert any(not torch.equal(after[n], before[n]) for n in after if "lora_B" in n and ".policy." in n)
+
+
+# ------------------------------------------------------------------------------ reward as an adapter
+def _lora_reward_export(world, out_dir):
+    from lrlhf.modules import RewardConfig, RewardModule
+
+    torch.manual_seed(1)
+    rm = RewardModule(ModelConfig(str(world.model)), RewardConfig(lora=LoraSpec(r=4)), tokenizer=world.tokenizer)
+    with torch.no_grad():  # a non-trivial adapter, as after training (peft starts lora_B at zero)
+        for name, param in rm.model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(std=0.5)
+    return rm.export(out_dir)
+
+
+def test_reward_adapter_on_the_policy_base_scores_like_the_merged_rm(world, tokenizer, tmp_path):
+    from lrlhf.modules import RewardAdapter
+    from lrlhf.modules.reward import load_reward_model
+
+    rm_dir = _lora_reward_export(world, tmp_path / "rm")
+    config = PPOConfig(max_new_tokens=8, ppo_epochs=1, minibatch_size=2, forward_batch_size=3, lr=5e-2,
+                       policy_lora=LoraSpec(r=4), value_lora=LoraSpec(r=4))
+    module = PPOModule(ModelConfig(str(world.model)), RewardAdapter(str(rm_dir)), tokenizer, config)
+    module.configure_model()
+    # one copy of the base: the reward role owns only its head
+    assert [n for n, _ in module.reward_model.named_parameters()] == ["head.linear.weight", "head.linear.bias"]
+    assert set(module.model.peft_config) == {"policy", "value", "reward"}
+
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    merged = load_reward_model(rm_dir)
+    ids = torch.cat([rollout.query_ids, rollout.response_ids], dim=1)
+    mask = torch.cat([rollout.query_mask, rollout.action_mask.long()], dim=1)
+    with torch.no_grad():
+        expected = merged.score(ids, mask)
+    # merged W + BA vs x W + (x A) B: equal to fp32 accuracy
+    torch.testing.assert_close(rollout.raw_scores, expected, atol=1e-5, rtol=1e-5)
+    assert module.model.active_adapter == "policy"
+
+    reward_before = {n: p.detach().clone() for n, p in module.model.named_parameters() if ".reward." in n}
+    before = _snapshot(module)
+    _fit(module, world, tokenizer, 2, tmp_path)
+    after = _snapshot(module)
+    assert reward_before and all(torch.equal(after[n], v) for n, v in reward_before.items())
+    assert not any(after[n].requires_grad for n in reward_before)
+    assert any(not torch.equal(after[n], before[n]) for n in after if "lora_B" in n and ".policy." in n)
+
+
+def test_reward_adapter_from_another_base_is_refused(world, tokenizer, tmp_path):
+    from lrlhf.models import LoraSpec as Spec
+    from lrlhf.models import add_adapters
+    from lrlhf.modules.reward import attach_reward_adapter
+
+    rm_dir = _lora_reward_export(world, tmp_path / "rm")
+    load_causal_lm(ModelConfig(str(world.model))).save_pretrained(tmp_path / "other_base")
+    other = add_adapters(load_causal_lm(ModelConfig(str(tmp_path / "other_base"))), {"policy": Spec(r=2)})
+    with pytest.raises(ValueError, match="trained on base .* but the policy's base is .*other_base"):
+        attach_reward_adapter(other, rm_dir)

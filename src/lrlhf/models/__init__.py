@@ -1,6 +1,6 @@
 """Models: load backbones (hub id / local path / GGUF / 4-bit or 8-bit), LoRA adapters for roles, scalar heads."""
 
-from lrlhf.models.heads import ScalarHead, ScalarModel, last_token_index
+from lrlhf.models.heads import AdapterScalarModel, ScalarHead, ScalarModel, last_token_index
 from lrlhf.models.loading import ModelConfig, load_causal_lm, load_tokenizer
 from lrlhf.models.lora import (
     LORA_TARGET_MODULES,
@@ -13,6 +13,7 @@ from lrlhf.models.lora import (
 )
 
 __all__ = [
+    "AdapterScalarModel",
     "LORA_TARGET_MODULES",
     "LoraSpec",
     "ModelConfig",

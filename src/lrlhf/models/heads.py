@@ -76,3 +76,33 @@ class ScalarModel(nn.Module):
         hidden = self.hidden_states(input_ids, attention_mask, **kwargs)
         last = last_token_index(attention_mask)
         return self.head(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
+
+
+class AdapterScalarModel(ScalarModel):
+    """A scalar head read through one named adapter of a *shared* peft model (e.g. a ``reward`` LoRA on the
+    policy's base: one copy of the base weights serves policy, reference, value and reward).
+
+    The peft model is referenced, not registered as a submodule, so the owner's ``state_dict`` and optimiser
+    see it once; only the head is this module's own. Each call activates ``adapter`` and restores the
+    previously active adapter afterwards; ``adapter``'s weights never require grad.
+    """
+
+    def __init__(self, peft_model, adapter: str, head: ScalarHead):
+        nn.Module.__init__(self)
+        if adapter not in getattr(peft_model, "peft_config", {}):
+            raise ValueError(f"the model has no adapter {adapter!r} (it has {sorted(peft_model.peft_config)})")
+        object.__setattr__(self, "backbone", peft_model)  # not a submodule: the owner registers it
+        self.adapter = adapter
+        self.head = head
+
+    def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, **kwargs) -> Tensor:
+        model = self.backbone
+        previous = model.active_adapter
+        model.set_adapter(self.adapter)
+        try:
+            return super().hidden_states(input_ids, attention_mask, **kwargs)
+        finally:
+            model.set_adapter(previous)
+            for name, param in model.named_parameters():
+                if f".{self.adapter}." in name:
+                    param.requires_grad_(False)

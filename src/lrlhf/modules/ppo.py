@@ -6,7 +6,9 @@ Roles (``docs/architecture.md``, "PPO: one base, four roles"):
 - **reference** = the same base under :func:`lrlhf.models.reference_mode` (every adapter disabled, no grad);
 - **value** = the same base + LoRA adapter ``value`` + a zero-initialised :class:`ScalarHead`, or a separate
   :class:`ScalarModel` passed as ``value_model`` (e.g. initialised from the reward model);
-- **reward** = a frozen :class:`ScalarModel` (``load_reward_model``), with an optional frozen calibration.
+- **reward** = a frozen :class:`ScalarModel` (``load_reward_model``), or -- when the RM was trained as LoRA on
+  the same base -- its ``reward`` adapter loaded onto the policy's base (:class:`RewardAdapter`), so one copy of
+  the base serves all four roles; with an optional frozen calibration.
 
 One Trainer batch (a batch of prompts from :class:`lrlhf.data.PromptDataModule`) is one rollout followed by
 its update epochs (manual optimisation). The steps of :meth:`PPOModule.training_step`:
@@ -67,10 +69,18 @@ from lrlhf.models import reference_mode as _reference_mode
 from lrlhf.models.generation import SamplingConfig, as_prompt, eos_token_ids
 from lrlhf.models.heads import decoder
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
-from lrlhf.modules.reward import RewardCalibration, load_calibration, load_reward_model
+from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.samples import log_table, sample_table
 
 ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo")
+
+
+@dataclass(frozen=True)
+class RewardAdapter:
+    """The reward role as the ``reward`` adapter of a LoRA :meth:`RewardModule.export` folder (``path``),
+    loaded onto the policy's own base (which must be the base the RM was trained on)."""
+
+    path: str
 POLICY, VALUE = "policy", "value"
 
 
@@ -245,7 +255,8 @@ class PPOModule(pl.LightningModule):
     Args:
         policy: the SFT model: a :class:`ModelConfig` (loaded and merged in :meth:`configure_model`) or a
             plain causal LM module (no adapters yet).
-        reward_model: a frozen :class:`ScalarModel`, or the folder of :meth:`RewardModule.export`. It must
+        reward_model: a frozen :class:`ScalarModel`, the folder of :meth:`RewardModule.export` (a separate
+            model), or a :class:`RewardAdapter` (the RM's LoRA adapter on the policy's base). It must
             share the policy's tokenizer: it scores the policy's token ids as they are.
         tokenizer: loaded from the ``ModelConfig`` when None.
         config: :class:`PPOConfig` or a dict of its fields.
@@ -264,7 +275,7 @@ class PPOModule(pl.LightningModule):
     def __init__(
         self,
         policy: ModelConfig | nn.Module,
-        reward_model: ScalarModel | str | Path,
+        reward_model: ScalarModel | RewardAdapter | str | Path,
         tokenizer=None,
         config: PPOConfig | dict | None = None,
         calibration: RewardCalibration | str | Path | None = None,
@@ -279,7 +290,7 @@ class PPOModule(pl.LightningModule):
         self.model: nn.Module | None = None
         self._policy_module = None if self.model_config is not None else policy
         self.reward_model: ScalarModel | None = reward_model if isinstance(reward_model, nn.Module) else None
-        self._reward_path = None if self.reward_model is not None else Path(reward_model)
+        self._reward_source = None if self.reward_model is not None else reward_model
         if isinstance(calibration, (str, Path)):
             calibration = load_calibration(calibration)
         self.calibration = calibration
@@ -316,8 +327,10 @@ class PPOModule(pl.LightningModule):
         # peft's set_adapter leaves only the active adapter trainable; both train here, so remember them.
         self._adapter_params = [p for n, p in self.model.named_parameters() if "lora_" in n]
         self._use_adapter(POLICY)
-        if self.reward_model is None:
-            self.reward_model = load_reward_model(self._reward_path)
+        if isinstance(self._reward_source, RewardAdapter):
+            self.reward_model = attach_reward_adapter(self.model, self._reward_source.path)
+        elif self.reward_model is None:
+            self.reward_model = load_reward_model(self._reward_source)
         self.reward_model.requires_grad_(False).eval()
         if self.tokenizer is None:
             raise ValueError("PPOModule needs a tokenizer (pass one with a ready model)")

@@ -31,10 +31,13 @@ from torchmetrics.classification import BinaryAUROC, BinaryCalibrationError
 from lrlhf.data.collate import model_inputs
 from lrlhf.functional import bradley_terry_loss, ranking_loss
 from lrlhf.models import (
+    AdapterScalarModel,
     LoraSpec,
     ModelConfig,
+    ScalarHead,
     ScalarModel,
     add_adapters,
+    export_adapter,
     export_merged,
     load_causal_lm,
     load_tokenizer,
@@ -47,6 +50,7 @@ LENGTH_BUCKETS = ("chosen_longer", "similar", "chosen_shorter")
 CALIBRATION_FILE = "reward_calibration.json"
 HEAD_FILE = "reward_head.safetensors"
 ADAPTER_NAME = "reward"
+ADAPTER_DIR = "adapter"
 
 
 @dataclass
@@ -409,7 +413,9 @@ class RewardModule(pl.LightningModule):
 
         Files: the transformers checkpoint (``config.json``, ``model.safetensors``), ``reward_head.safetensors``,
         the tokenizer when known, ``reward_calibration.json`` when :func:`compute_calibration` has run.
-        Load with :func:`load_reward_model`.
+        Load with :func:`load_reward_model`. A LoRA reward model also writes its adapter alone to
+        ``adapter/`` (with its base's name), for :func:`attach_reward_adapter`: PPO can then score with a
+        ``reward`` adapter on the policy's own base instead of a second copy of the weights.
         """
         from safetensors.torch import save_file
 
@@ -417,6 +423,8 @@ class RewardModule(pl.LightningModule):
         export_merged(self.model.backbone, out_dir, tokenizer=self.tokenizer, adapter=None)
         head = {k: v.detach().cpu().contiguous() for k, v in self.model.head.state_dict().items()}
         save_file(head, out_dir / HEAD_FILE)
+        if self.config.lora is not None:
+            export_adapter(self.model.backbone, out_dir / ADAPTER_DIR, ADAPTER_NAME)
         if self.calibration is not None:
             self.calibration.save(out_dir)
         return out_dir
@@ -520,7 +528,31 @@ def load_reward_model(out_dir: str | Path, dtype: str = "float32") -> ScalarMode
     return model.eval()
 
 
+def attach_reward_adapter(peft_model, out_dir: str | Path) -> AdapterScalarModel:
+    """Load the ``reward`` adapter and head of a LoRA :meth:`RewardModule.export` onto ``peft_model``.
+
+    The reward adapter was trained on a base; it means something only on that same base. The base recorded
+    in the adapter is compared with ``peft_model``'s and a mismatch is refused, naming both.
+    """
+    from safetensors.torch import load_file
+
+    out_dir = Path(out_dir)
+    adapter_dir = out_dir / ADAPTER_DIR
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"{adapter_dir}: no reward adapter (export a RewardModule trained with LoRA)")
+    trained_on = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    base = getattr(peft_model.get_base_model().config, "_name_or_path", None)
+    if trained_on and base and Path(str(trained_on)).resolve() != Path(str(base)).resolve():
+        raise ValueError(f"{adapter_dir}: the reward adapter was trained on base {trained_on!r}, "
+                         f"but the policy's base is {base!r}")
+    peft_model.load_adapter(str(adapter_dir), adapter_name=ADAPTER_NAME, is_trainable=False)
+    head = ScalarHead(peft_model.get_base_model().config.hidden_size)
+    head.load_state_dict(load_file(out_dir / HEAD_FILE))
+    return AdapterScalarModel(peft_model, ADAPTER_NAME, head.requires_grad_(False)).eval()
+
+
 __all__ = [
+    "attach_reward_adapter",
     "PairView",
     "RewardCalibration",
     "RewardConfig",
