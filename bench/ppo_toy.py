@@ -25,9 +25,9 @@ from transformers import AutoTokenizer
 
 from lrlhf.data.datamodules import PreferenceDataModule, PromptDataModule, SFTDataModule
 from lrlhf.data.formats import load_records
-from lrlhf.data.toy import build_world, gold_utility
+from lrlhf.data.toy import build_world
+from lrlhf.eval import bootstrap_interval, sample_gold_utility
 from lrlhf.models import LoraSpec, ModelConfig
-from lrlhf.models.generation import SamplingConfig, generate_responses
 from lrlhf.modules import PPOConfig, PPOModule, RewardConfig, RewardModule, SFTConfig, SFTModule
 from lrlhf.modules.reward import compute_calibration, load_reward_model
 
@@ -39,19 +39,13 @@ def _trainer(out, **kw):
 
 
 def per_prompt_utility(model, tokenizer, prompts, n_samples: int, seed: int) -> torch.Tensor:
-    """``(P,)`` mean gold utility of ``n_samples`` responses (T = 1) per prompt."""
-    repeated = [p for p in prompts for _ in range(n_samples)]
-    responses = generate_responses(model, tokenizer, repeated, SamplingConfig(32, 1.0, seed))
-    scores = [gold_utility(p.meta["task"], r) for p, r in zip(repeated, responses, strict=True)]
-    return torch.tensor(scores).reshape(len(prompts), n_samples).mean(1)
+    """``(P,)`` mean gold utility of ``n_samples`` responses (T = 1, 32 new tokens) per prompt."""
+    estimate = sample_gold_utility(model, tokenizer, prompts, n_samples, temperature=1.0, max_new_tokens=32, seed=seed)
+    return torch.tensor(estimate.per_prompt)
 
 
-def bootstrap(x: torch.Tensor, n: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile interval of the mean of ``x`` resampling prompts."""
-    g = torch.Generator().manual_seed(seed)
-    idx = torch.randint(0, len(x), (n, len(x)), generator=g)
-    means = x[idx].mean(1)
-    return means.quantile(0.025).item(), means.quantile(0.975).item()
+def bootstrap(x: torch.Tensor) -> tuple[float, float]:
+    return bootstrap_interval(x.tolist())
 
 
 def main() -> None:

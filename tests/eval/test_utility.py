@@ -90,3 +90,15 @@ def test_rejects_bad_arguments(tokenizer, prompts):
         sample_gold_utility(Oracle(tokenizer), tokenizer, prompts, n_samples=0)
     with pytest.raises(ValueError, match="prompt"):
         sample_gold_utility(Oracle(tokenizer), tokenizer, [], n_samples=1)
+
+
+def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_more_prompts():
+    from lrlhf.eval import bootstrap_interval
+
+    # constant values: every resample has the same mean
+    assert bootstrap_interval([0.25] * 10) == (0.25, 0.25)
+    values = [0.0, 1.0] * 20  # mean 0.5
+    lo, hi = bootstrap_interval(values, seed=3)
+    assert lo < 0.5 < hi
+    lo_big, hi_big = bootstrap_interval(values * 25, seed=3)
+    assert hi_big - lo_big < (hi - lo) / 3  # 25x the prompts: about 1/5 of the width

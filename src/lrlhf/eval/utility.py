@@ -19,11 +19,13 @@ class UtilityEstimate(NamedTuple):
     stderr: standard error of ``mean`` across prompts (``std(per-prompt means, ddof=1) / sqrt(P)``): samples
         of one prompt are correlated, so the prompt is the independent unit; 0 for a single prompt.
     by_kind: mean per request kind (``meta["task"]["kind"]``).
+    per_prompt: each prompt's mean, in prompt order (for paired comparisons and bootstrap intervals).
     """
 
     mean: float
     stderr: float
     by_kind: dict[str, float]
+    per_prompt: tuple[float, ...] = ()
 
 
 def sample_gold_utility(
@@ -60,4 +62,21 @@ def sample_gold_utility(
     mean = sum(per_prompt) / n
     var = sum((u - mean) ** 2 for u in per_prompt) / (n - 1) if n > 1 else 0.0
     by_kind = {kind: sum(v) / len(v) for kind, v in sorted(kinds.items())}
-    return UtilityEstimate(mean, math.sqrt(var / n), by_kind)
+    return UtilityEstimate(mean, math.sqrt(var / n), by_kind, tuple(per_prompt))
+
+
+def bootstrap_interval(values: Sequence[float], n_resamples: int = 2000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float]:
+    """Percentile bootstrap interval of the mean of ``values`` (one value per prompt: prompts are resampled).
+
+    For a paired comparison pass the per-prompt differences of two policies on the same prompts.
+    """
+    import torch
+
+    x = torch.as_tensor(list(values), dtype=torch.float64)
+    if x.numel() == 0:
+        raise ValueError("bootstrap_interval needs at least one value")
+    g = torch.Generator().manual_seed(seed)
+    means = x[torch.randint(0, x.numel(), (n_resamples, x.numel()), generator=g)].mean(1)
+    tail = (1.0 - level) / 2
+    return means.quantile(tail).item(), means.quantile(1.0 - tail).item()
