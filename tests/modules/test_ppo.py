@@ -394,3 +394,22 @@ def test_reward_adapter_from_another_base_is_refused(world, tokenizer, tmp_path)
     other = add_adapters(load_causal_lm(ModelConfig(str(tmp_path / "other_base"))), {"policy": Spec(r=2)})
     with pytest.raises(ValueError, match="trained on base .* but the policy's base is .*other_base"):
         attach_reward_adapter(other, rm_dir)
+
+
+def test_export_reloads_with_plain_transformers_and_peft(world, tokenizer, tmp_path):
+    from peft import PeftModel
+
+    module = _module(world, tokenizer)
+    _fit(module, world, tokenizer, 1, tmp_path)
+    paths = module.export(tmp_path / "export")
+    batch = _batch(world, tokenizer)
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    module.model.eval()
+    with torch.no_grad():
+        live = module.model(input_ids=ids, attention_mask=mask).logits
+        merged = load_causal_lm(ModelConfig(str(paths["merged"]))).eval()(input_ids=ids, attention_mask=mask).logits
+        base = load_causal_lm(ModelConfig(str(world.model)))
+        adapter = PeftModel.from_pretrained(base, paths["adapter"]).eval()(input_ids=ids, attention_mask=mask).logits
+    assert set(module.model.peft_config) == {"policy", "value"}
+    torch.testing.assert_close(merged, live, atol=1e-5, rtol=1e-5)  # merged weights round differently
+    assert torch.equal(adapter, live)

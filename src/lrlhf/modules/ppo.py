@@ -64,7 +64,17 @@ from lrlhf.functional import (
     token_logprobs,
     value_loss,
 )
-from lrlhf.models import LoraSpec, ModelConfig, ScalarHead, ScalarModel, add_adapters, load_causal_lm, load_tokenizer
+from lrlhf.models import (
+    LoraSpec,
+    ModelConfig,
+    ScalarHead,
+    ScalarModel,
+    add_adapters,
+    export_adapter,
+    export_merged,
+    load_causal_lm,
+    load_tokenizer,
+)
 from lrlhf.models import reference_mode as _reference_mode
 from lrlhf.models.generation import SamplingConfig, as_prompt, eos_token_ids
 from lrlhf.models.heads import decoder
@@ -632,6 +642,17 @@ class PPOModule(pl.LightningModule):
             self, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, scheduler=cfg.scheduler,
             warmup_steps=cfg.warmup_steps, total_steps=total,
         )
+
+    # -------------------------------------------------------------------------------------- export
+    def export(self, out_dir: str | Path) -> dict[str, Path]:
+        """Write the trained policy: ``out_dir/merged`` (the ``policy`` adapter merged into a copy of the base,
+        loadable by plain transformers, tokenizer alongside) and ``out_dir/adapter`` (the adapter alone, for
+        ``PeftModel.from_pretrained(sft_base, out_dir/adapter)``). The live model keeps its adapters."""
+        out_dir = Path(out_dir)
+        return {
+            "merged": export_merged(self.model, out_dir / "merged", self.tokenizer, adapter=POLICY),
+            "adapter": export_adapter(self.model, out_dir / "adapter", POLICY, self.tokenizer),
+        }
 
     # ---------------------------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict) -> None:
