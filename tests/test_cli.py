@@ -1,0 +1,155 @@
+"""The Hydra CLI: every recipe composes and runs tiny, caching, overrides, errors, subclassing, loggers."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from omegaconf import open_dict
+
+from lrlhf import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
+# a small world and short stages: every recipe runs in seconds
+TINY = [
+    "world.sizes.sft_train=64", "world.sizes.sft_val=8", "world.sizes.pref_train=24", "world.sizes.pref_val=6",
+    "world.sizes.pref_test=6", "world.sizes.rl=32", "world.sizes.eval=6", "trainer.max_steps=3",
+    'stage_overrides.sft=["trainer.max_steps=3"]', 'stage_overrides.rm=["trainer.max_steps=3"]',
+    "eval.n_samples=1", "data.batch_size=8",
+]
+
+
+def _compose(overrides):
+    GlobalHydra.instance().clear()
+    cli.register()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        return compose(config_name="train", overrides=overrides, return_hydra_config=False)
+
+
+def _train(tmp_path, *args, env=None, check=True):
+    environment = {**os.environ, "LRLHF_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline",
+                   "PYTHONPATH": str(ROOT / "tests"), **(env or {})}
+    out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=environment, capture_output=True,
+                         text=True, timeout=600)
+    if check:
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _tiny(recipe):
+    # eval exists only in PPO recipes; data.batch_size in all
+    return [o for o in TINY if not (o.startswith("eval.") and "ppo" not in recipe and recipe != "pipeline")]
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
+    cfg = _compose([f"recipe={recipe}", f"paths.cache_dir={tmp_path}", "paths.run_dir=."])
+    assert cfg.stage in cli.FINISH
+    first_line = (ROOT / "recipes" / f"{recipe}.yaml").read_text().splitlines()[0]
+    assert first_line == f"# python train.py recipe={recipe}"  # each recipe opens with its launch command
+
+    def compose_dep(name, shared):
+        dep = _compose([f"recipe={name}", f"paths.cache_dir={tmp_path}", *shared])
+        with open_dict(dep):
+            dep.paths.run_dir = "."
+        return dep
+
+    todo = cli.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
+    assert [t[0] for t in todo] == {"sft": [], "sft_lora": [], "rm": ["sft"]}.get(recipe, ["sft", "rm"])
+    assert not (tmp_path / "worlds").exists()
+
+
+def test_world_sizes_match_the_dataclass_defaults():
+    from dataclasses import asdict
+
+    from lrlhf.data.toy import WorldSizes
+
+    cfg = _compose(["paths.run_dir=."])
+    assert dict(cfg.world.sizes) == asdict(WorldSizes())
+
+
+def test_a_new_file_in_recipes_is_a_recipe(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "callbacks").mkdir()
+    (tmp_path / "recipes" / "my_sft.yaml").write_text(
+        "# python train.py recipe=my_sft\ndefaults:\n  - sft\n  - _self_\ntrainer:\n  max_steps: 7\n"
+    )
+    GlobalHydra.instance().clear()
+    cli.register(ROOT)
+    cli.register(tmp_path)  # adds my_sft next to the shipped recipes
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=["recipe=my_sft"])
+    assert cfg.stage == "sft" and cfg.trainer.max_steps == 7
+
+
+def test_bad_values_fail_before_any_work_naming_the_key(tmp_path):
+    out = _train(tmp_path, "recipe=sft", "module.config.lr=-1", "logger=none", check=False)
+    assert out.returncode != 0
+    assert "module.config" in out.stderr and "sft.lr must be > 0" in out.stderr
+    assert not (tmp_path / "cache").exists()  # nothing was built
+    out = _train(tmp_path, "recipe=sft", "trainer.max_stepz=3", "logger=none", check=False)
+    assert out.returncode != 0 and "max_stepz" in out.stderr
+
+
+def test_sft_tiny_with_csv_metrics_and_the_run_folder_layout(tmp_path):
+    run = tmp_path / "run"
+    _train(tmp_path, "recipe=sft_lora", "logger=csv", f"hydra.run.dir={run}", *_tiny("sft_lora"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stage"] == "sft" and Path(summary["export"]) == run / "merged"
+    assert (run / "adapter" / "adapter_config.json").is_file()
+    assert (run / "logs" / "metrics.csv").is_file() and (run / "config.yaml").is_file()
+
+
+def test_ppo_lora_from_an_empty_cache_then_reuses_it(tmp_path):
+    run = tmp_path / "run"
+    out = _train(tmp_path, "recipe=ppo_lora", "logger=csv", f"hydra.run.dir={run}", *_tiny("ppo_lora"))
+    assert "building the `sft` stage" in out.stdout and "building the `rm` stage" in out.stdout
+    assert "held-out gold utility: SFT" in out.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stage"] == "ppo" and (run / "export" / "merged" / "config.json").is_file()
+    header = (run / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"rollout/score", "rollout/kl_seq", "ppo/clipfrac", "kl/beta"} <= set(header)
+    stages = sorted(p.name for p in (tmp_path / "cache" / "stages").iterdir())
+    assert [s.split("-")[0] for s in stages] == ["rm", "sft"]
+    # a second run reuses both stages
+    out = _train(tmp_path, "recipe=ppo_lora", "logger=none", f"hydra.run.dir={tmp_path / 'run2'}", *_tiny("ppo_lora"))
+    assert "building the" not in out.stdout
+    assert sorted(p.name for p in (tmp_path / "cache" / "stages").iterdir()) == stages
+
+
+def test_pipeline_builds_its_stages_inside_the_run_folder(tmp_path):
+    run = tmp_path / "run"
+    _train(tmp_path, "recipe=pipeline", "logger=none", f"hydra.run.dir={run}", *_tiny("pipeline"))
+    assert (run / "stages" / "sft" / "merged").is_dir() and (run / "stages" / "rm" / "model").is_dir()
+    assert not (tmp_path / "cache" / "stages").exists()
+
+
+def test_a_user_subclass_by_target_overrides_one_hook(tmp_path):
+    run = tmp_path / "run"
+    _train(tmp_path, "recipe=ppo_lora", "logger=csv", f"hydra.run.dir={run}",
+           "module._target_=cli_subclass.ConstantScorePPO", "module.calibration=null", *_tiny("ppo_lora"))
+    rows = (run / "logs" / "metrics.csv").read_text().splitlines()
+    header = rows[0].split(",")
+    values = [r.split(",") for r in rows[1:]]
+    raw = [float(v[header.index("rollout/score_raw")]) for v in values if v[header.index("rollout/score_raw")]]
+    assert raw and all(r == 0.5 for r in raw)
+
+
+def test_wandb_offline_without_a_key_never_prompts(tmp_path):
+    run = tmp_path / "run"
+    env = {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
+    out = _train(tmp_path, "recipe=sft", "logger=wandb", f"hydra.run.dir={run}", *_tiny("sft"), env=env)
+    assert "W&B: no API key, logging offline" in out.stdout
+    assert list((run / "wandb").glob("offline-run-*"))
+
+
+def test_multirun(tmp_path):
+    _train(tmp_path, "-m", "recipe=sft", "logger=none", "trainer.max_steps=1,2",
+           f"hydra.sweep.dir={tmp_path / 'sweep'}", *[o for o in _tiny("sft") if not o.startswith("trainer.")])
+    summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
+    assert len(summaries) == 2
