@@ -116,6 +116,9 @@ def test_ppo_lora_from_an_empty_cache_then_reuses_it(tmp_path):
     assert {"rollout/score", "rollout/kl_seq", "ppo/clipfrac", "kl/beta"} <= set(header)
     stages = sorted(p.name for p in (tmp_path / "cache" / "stages").iterdir())
     assert [s.split("-")[0] for s in stages] == ["rm", "sft"]
+    rm_dir = tmp_path / "cache" / "stages" / stages[0]
+    rm_summary = json.loads((rm_dir / "summary.json").read_text())
+    assert rm_summary["run_dir"] == str(rm_dir) and rm_summary["export"] == str(rm_dir / "model")
     # a second run reuses both stages
     out = _train(tmp_path, "recipe=ppo_lora", "logger=none", f"hydra.run.dir={tmp_path / 'run2'}", *_tiny("ppo_lora"))
     assert "building the" not in out.stdout

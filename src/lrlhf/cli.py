@@ -175,8 +175,12 @@ def _trainer(cfg: DictConfig, out_dir: Path):
     return trainer
 
 
-def run_stage(cfg: DictConfig, out_dir: Path) -> dict:
-    """Train one stage into ``out_dir`` and return its summary (also written as ``summary.json``)."""
+def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> dict:
+    """Train one stage into ``out_dir`` and return its summary (also written as ``summary.json``).
+
+    ``final_dir``: where ``out_dir`` will be moved once complete (a cached stage is built in a temporary folder
+    and swapped in); the written config and summary name that place.
+    """
     import lightning.pytorch as pl
     import torch
     from hydra.utils import instantiate
@@ -187,14 +191,16 @@ def run_stage(cfg: DictConfig, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
     pl.seed_everything(cfg.seed, verbose=False)
-    atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    final_dir = final_dir or out_dir
+    atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(_at(cfg, final_dir), resolve=True))
     tokenizer = load_tokenizer(_model_config(cfg))
     module = instantiate(cfg.module, tokenizer=tokenizer, _convert_="all")
     data = instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
     trainer = _trainer(cfg, out_dir)
     trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
     summary = {"stage": cfg.stage, "run_dir": str(out_dir), **FINISH[cfg.stage](cfg, module, data, trainer, out_dir)}
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str) + "\n")
+    summary = json.loads(json.dumps(summary, default=str).replace(str(out_dir), str(final_dir)))
+    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -297,7 +303,7 @@ def run(cfg: DictConfig) -> dict:
         print(f"building the `{recipe}` stage this recipe needs, in {out_dir}")
         with open_dict(dep):
             dep.logger = None
-        atomic_save_folder(out_dir, lambda tmp, dep=dep: run_stage(_at(dep, tmp), tmp))
+        atomic_save_folder(out_dir, lambda tmp, dep=dep, out_dir=out_dir: run_stage(_at(dep, tmp), tmp, out_dir))
     summary = run_stage(cfg, run_dir)
     print_summary(summary)
     return summary
