@@ -1,5 +1,12 @@
 """ResumableCheckpoint: N + M rollouts straight == N, stop, resume, M (bitwise); refusals; pruning."""
 
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -22,10 +29,10 @@ class RecordSamples(PPOModule):
         return ids
 
 
-def _run(world, tokenizer, root, rollouts, ckpt_path=None, **ckpt_kw):
+def _run(world, tokenizer, root, rollouts, ckpt_path=None, kl=True, keep_last_k=2, **ckpt_kw):
     module = make_module(world, tokenizer, cls=RecordSamples)
-    callbacks = [KLControlCallback("adaptive", target=0.5, horizon=20.0),
-                 ResumableCheckpoint(dirpath=root / "ckpt", keep_last_k=2, **ckpt_kw)]
+    callbacks = [KLControlCallback("adaptive", target=0.5, horizon=20.0)] if kl else []
+    callbacks.append(ResumableCheckpoint(dirpath=root / "ckpt", keep_last_k=keep_last_k, **ckpt_kw))
     trainer = make_trainer(root, rollouts, module, callbacks)
     trainer.fit(module, datamodule=make_data(world, tokenizer), ckpt_path=ckpt_path)
     return module, trainer
@@ -75,3 +82,62 @@ def test_checkpoint_has_no_frozen_weights_and_loads_weights_only(world, tokenize
     assert {"torch", "lightning", "transformers", "peft", "lrlhf"} <= set(meta["versions"])
     assert ckpt["PromptDataModule"]["train_sampler"]["epoch"] == 1  # 3 batches = one whole epoch
     assert ckpt["kl_controller"]["value"] == module.kl_controller.value
+
+
+@pytest.mark.slow
+def test_sigkill_mid_write_leaves_last_intact_and_resumable(world, tokenizer, tmp_path):
+    """A child saves after rollouts 1 and 2, then is killed (SIGKILL) while writing the third checkpoint."""
+    child = Path(__file__).with_name("sigkill_child.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2] / "src"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    marker = tmp_path / "writing"
+    proc = subprocess.Popen([sys.executable, str(child), str(world.root), str(tmp_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the child never started the slow write"
+            time.sleep(0.05)
+        time.sleep(0.3)  # a few chunks in
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    folder = tmp_path / "ckpt"
+    partial = [p.name for p in folder.iterdir() if p.name.endswith(".partial")]
+    assert partial, "the kill should have landed mid-write"
+    assert not (folder / "rollout=000003.ckpt").exists()
+    last = folder / "last.ckpt"
+    assert last.resolve().name == "rollout=000002.ckpt"
+    assert torch.load(last, weights_only=True)["lrlhf"]["rollouts_done"] == 2
+
+    module, trainer = _run(world, tokenizer, tmp_path, 3, ckpt_path="last", kl=False)
+    assert module.rollouts_done == 3 and len(module.sampled) == 1
+    assert not [p for p in folder.iterdir() if p.name.endswith(".partial")]  # cleaned at setup
+    assert last.resolve().name == "rollout=000003.ckpt"
+
+
+def test_resume_refuses_other_config_and_other_frozen_weights(world, tokenizer, tmp_path):
+    _run(world, tokenizer, tmp_path, 1)
+    data = make_data(world, tokenizer)
+
+    module = make_module(world, tokenizer, lr=1e-3)
+    trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
+    with pytest.raises(ValueError, match=r"config hparams.ppo.lr: checkpoint 0.05, this run 0.001"):
+        trainer.fit(module, datamodule=data, ckpt_path="last")
+
+    module = make_module(world, tokenizer)
+    with torch.no_grad():
+        module.reward_model.head.linear.weight.add_(1e-3)  # another reward model
+    trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
+    with pytest.raises(ValueError, match=r"frozen weights of 'reward_model' differ") as info:
+        trainer.fit(module, datamodule=data, ckpt_path="last")
+    assert "'model'" not in str(info.value)  # the base is the same
+
+    # an allowed change resumes
+    module = make_module(world, tokenizer, lr=1e-3)
+    trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(
+        dirpath=tmp_path / "ckpt", allowed_config_changes=["hparams.ppo.lr"])])
+    trainer.fit(module, datamodule=data, ckpt_path="last")
+    assert module.rollouts_done == 2
