@@ -69,7 +69,7 @@ def atomic_save_checkpoint(trainer: pl.Trainer, path: str | Path) -> Path:
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    trainer.save_checkpoint(tmp)
+    trainer.save_checkpoint(tmp, weights_only=False)  # the full training state, not only the weights
     if trainer.is_global_zero:
         _fsync(tmp)
         os.replace(tmp, path)
