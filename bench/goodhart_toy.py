@@ -8,7 +8,9 @@ checkpoint is re-evaluated with another seed and more samples.
 
     PYTHONPATH=src python bench/goodhart_toy.py --out /tmp/goodhart [--kl 0.005] [--rollouts 200] [--lr 3e-3]
 
-SFT and RM are cached in ``--out`` (rerun PPO only by pointing at the same folder).
+SFT and RM are cached in ``--out`` (rerun PPO only by pointing at the same folder). ``--kl 0 --rollouts 400``
+shows the length bias being exploited (responses of ~28 tokens); ``--patience 4`` lets early stopping stop the
+run (see docs/callbacks.md for the figures).
 """
 
 from __future__ import annotations

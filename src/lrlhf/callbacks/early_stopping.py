@@ -19,6 +19,7 @@ to the logger when it takes images; the history goes to ``heldout_history.json``
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -107,6 +108,9 @@ class HeldOutUtilityEarlyStopping(Callback):
         if not self.prompts:
             raise ValueError("callbacks.early_stopping.prompts is empty")
         self.utility = resolve_utility(utility)
+        if plot and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("callbacks.early_stopping.plot=True needs matplotlib (pip install matplotlib), "
+                             "or set plot=False")
         self.every_n_rollouts, self.patience, self.min_delta = every_n_rollouts, patience, min_delta
         self.n_samples, self.seed, self.batch_size = n_samples, seed, batch_size
         self.dirpath = Path(dirpath) if dirpath is not None else None
