@@ -12,6 +12,7 @@ import torch
 
 from lrlhf.callbacks import KLControlCallback, ResumableCheckpoint
 from lrlhf.modules import PPOModule
+from lrlhf.modules.reward import RewardCalibration
 
 from .conftest import make_data, make_module, make_trainer
 
@@ -125,6 +126,12 @@ def test_resume_refuses_other_config_and_other_frozen_weights(world, tokenizer, 
     module = make_module(world, tokenizer, lr=1e-3)
     trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
     with pytest.raises(ValueError, match=r"config hparams.ppo.lr: checkpoint 0.05, this run 0.001"):
+        trainer.fit(module, datamodule=data, ckpt_path="last")
+
+    module = make_module(world, tokenizer)
+    module.calibration = RewardCalibration(mean=0.0, std=2.0, count=10)  # another reward normalisation
+    trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
+    with pytest.raises(ValueError, match=r"config calibration.std: checkpoint '<absent>', this run 2.0"):
         trainer.fit(module, datamodule=data, ckpt_path="last")
 
     module = make_module(world, tokenizer)

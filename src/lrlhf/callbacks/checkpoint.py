@@ -15,9 +15,10 @@ what is missing and makes the write safe:
 - **RNG**: python, numpy, torch and CUDA states. Each rollout starts from exactly the state the previous one
   ended in (restored at ``on_train_batch_start``), so draws made between batches (a new DataLoader iterator
   draws a seed from the global generator) cannot make a resumed run differ from an uninterrupted one.
-- **Config**: the module's hyperparameters and the resolved run ``config`` (given by the CLI) are stored and
-  compared on resume; a difference outside ``allowed_config_changes`` (fnmatch patterns of dotted keys) is
-  refused with the keys and both values. Library versions are stored; a difference only warns.
+- **Config**: the module's hyperparameters, its reward calibration and the resolved run ``config`` (given by
+  the CLI) are stored and compared on resume; a difference outside ``allowed_config_changes`` (fnmatch
+  patterns of dotted keys) is refused with the keys and both values.
+  Library versions are stored; a difference only warns.
 - **Atomic**: Lightning writes into a temporary file, which is fsynced and renamed over the target; ``last.ckpt``
   is a symlink replaced (by rename) only after the new file is complete. A process killed mid-write leaves the
   previous ``last`` intact; its leftover ``.*.partial`` files are removed at the next ``setup``.
@@ -254,7 +255,10 @@ class ResumableCheckpoint(ModelCheckpoint):
             checkpoint["hyper_parameters"] = _plain(checkpoint["hyper_parameters"])
 
     def _config(self, pl_module: pl.LightningModule) -> dict:
-        return {"hparams": _plain(dict(pl_module.hparams)), "config": self.config}
+        """The module's hyperparameters, its frozen reward calibration (not a hyperparameter of PPOModule) and
+        the run config."""
+        return {"hparams": _plain(dict(pl_module.hparams)), "config": self.config,
+                "calibration": _plain(getattr(pl_module, "calibration", None))}
 
     @staticmethod
     def _sources(pl_module: pl.LightningModule) -> dict[str, str | None]:
