@@ -1,0 +1,17 @@
+"""Callbacks that observe and decide: KL coefficient, early stopping on held-out utility, resumable checkpoints.
+
+Each takes plain keyword arguments, so a Hydra ``callbacks/<name>.yaml`` with a ``_target_`` builds it.
+"""
+
+from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
+from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
+from lrlhf.callbacks.goodhart import plot_goodhart
+from lrlhf.callbacks.kl_control import KLControlCallback
+
+__all__ = [
+    "HeldOutUtilityEarlyStopping",
+    "KLControlCallback",
+    "ResumableCheckpoint",
+    "atomic_save_checkpoint",
+    "plot_goodhart",
+]

@@ -1,0 +1,325 @@
+"""Checkpoints that really resume (``docs/architecture.md``, seed 000 §8.4), on Lightning's own machinery.
+
+:class:`ResumableCheckpoint` is a ``ModelCheckpoint`` subclass, so ``trainer.fit(..., ckpt_path="last")`` finds
+its ``last.ckpt``. Lightning's checkpoint already holds the trained weights, optimisers, schedulers, loop
+progress (global step), callback states (the KL controller, early stopping) and the datamodule's sampler
+position; the module's ``on_save_checkpoint`` adds the KL controller and ``rollouts_done``. This callback adds
+what is missing and makes the write safe:
+
+- **When**: after a Trainer batch, i.e. after a whole rollout and its update epochs (never mid-update), every
+  ``every_n_rollouts`` rollouts. File ``rollout=000012.ckpt``; the last ``keep_last_k`` are kept.
+- **Frozen weights are not stored**: every parameter no optimiser updates (the frozen base under the adapters,
+  the reward model) is dropped from ``state_dict``; what is stored instead is their identity, a SHA-256 per
+  top-level part (``model``, ``reward_model``) and where they were loaded from. On resume the module loads them
+  from their source as usual (``configure_model``) and the digests are compared before anything is restored.
+- **RNG**: python, numpy, torch and CUDA states. Each rollout starts from exactly the state the previous one
+  ended in (restored at ``on_train_batch_start``), so draws made between batches (a new DataLoader iterator
+  draws a seed from the global generator) cannot make a resumed run differ from an uninterrupted one.
+- **Config**: the module's hyperparameters, its reward calibration and the resolved run ``config`` (given by
+  the CLI) are stored and compared on resume; a difference outside ``allowed_config_changes`` (fnmatch
+  patterns of dotted keys) is refused with the keys and both values.
+  Library versions are stored; a difference only warns.
+- **Atomic**: Lightning writes into a temporary file, which is fsynced and renamed over the target; ``last.ckpt``
+  is a symlink replaced (by rename) only after the new file is complete. A process killed mid-write leaves the
+  previous ``last`` intact; its leftover ``.*.partial`` files are removed at the next ``setup``.
+- **Loading**: with ``weights_only=True`` (the checkpoint holds tensors, numbers, strings, lists and dicts only).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_warn
+
+from lrlhf.utils.state import (
+    flatten,
+    frozen_identity,
+    frozen_keys,
+    library_versions,
+    rng_state,
+    set_rng_state,
+    trained_parameter_ids,
+)
+
+META_KEY = "lrlhf"
+"""Top-level checkpoint key of what this callback adds."""
+FORMAT_VERSION = 1
+_ROLLOUT_FILE = re.compile(r"^rollout=(\d+)\.ckpt$")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_save_checkpoint(trainer: pl.Trainer, path: str | Path) -> Path:
+    """``trainer.save_checkpoint`` into ``.<name>.<pid>.partial`` next to ``path``, fsync, rename, fsync the folder.
+
+    Collective like ``trainer.save_checkpoint`` (every rank calls it; rank 0 writes and renames).
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    trainer.save_checkpoint(tmp, weights_only=False)  # the full training state, not only the weights
+    if trainer.is_global_zero:
+        _fsync(tmp)
+        os.replace(tmp, path)
+        _fsync(path.parent)
+    trainer.strategy.barrier("atomic_save_checkpoint")
+    return path
+
+
+def _plain(value: Any) -> Any:
+    """A weights-only-loadable copy of a config value (dataclasses and mappings as dicts, paths as strings)."""
+    if is_dataclass(value) and not isinstance(value, type):
+        value = asdict(value)
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return str(value)
+
+
+class _VerifyingCheckpointIO(CheckpointIO):
+    """Wraps the strategy's checkpoint IO: loads with ``weights_only=True`` and lets the callback refuse a
+    checkpoint before Lightning restores anything from it."""
+
+    def __init__(self, inner: CheckpointIO, callback: ResumableCheckpoint):
+        self.inner = inner
+        self.callback = callback
+
+    def save_checkpoint(self, checkpoint, path, storage_options=None):
+        return self.inner.save_checkpoint(checkpoint, path, storage_options)
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None):
+        checkpoint = self.inner.load_checkpoint(path, map_location=map_location, weights_only=True)
+        self.callback.verify(checkpoint, path)
+        return checkpoint
+
+    def remove_checkpoint(self, path):
+        return self.inner.remove_checkpoint(path)
+
+    def teardown(self):
+        return self.inner.teardown()
+
+
+class ResumableCheckpoint(ModelCheckpoint):
+    """Resumable checkpoints at rollout boundaries (see the module docstring).
+
+    Args:
+        dirpath: folder of the checkpoints; None = Lightning's default (``<log dir>/checkpoints``).
+        every_n_rollouts: save after every n-th rollout (Trainer batch).
+        keep_last_k: rollout checkpoints kept (the one ``last.ckpt`` points to is never removed).
+        config: the resolved run config (e.g. the Hydra config as a dict), stored and checked on resume.
+        allowed_config_changes: fnmatch patterns of dotted config keys that may differ on resume (e.g.
+            ``"trainer.max_steps"``); keys are ``hparams.<...>`` (the module's) and ``config.<...>``.
+        verify_frozen: compare the digests of the frozen weights on resume (off only to skip hashing a huge base).
+    """
+
+    CHECKPOINT_NAME_LAST = "last"
+
+    def __init__(
+        self,
+        dirpath: str | Path | None = None,
+        every_n_rollouts: int = 1,
+        keep_last_k: int = 3,
+        config: dict | None = None,
+        allowed_config_changes: tuple[str, ...] | list[str] = (),
+        verify_frozen: bool = True,
+    ):
+        if every_n_rollouts < 1:
+            raise ValueError(f"callbacks.checkpoint.every_n_rollouts must be >= 1, got {every_n_rollouts}")
+        if keep_last_k < 1:
+            raise ValueError(f"callbacks.checkpoint.keep_last_k must be >= 1, got {keep_last_k}")
+        super().__init__(dirpath=dirpath, save_top_k=0, save_last=False, save_on_train_epoch_end=False)
+        self.every_n_rollouts = every_n_rollouts
+        self.keep_last_k = keep_last_k
+        self.config = _plain(config or {})
+        self.allowed_config_changes = tuple(allowed_config_changes)
+        self.verify_frozen = verify_frozen
+        self._pl_module: pl.LightningModule | None = None
+        self._frozen_identity: dict | None = None
+        self._next_rng: dict | None = None
+        self.saved: list[str] = []
+
+    @property
+    def state_key(self) -> str:
+        return self._generate_state_key(every_n_rollouts=self.every_n_rollouts)
+
+    # ------------------------------------------------------------------------------------------ setup
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._pl_module = pl_module
+        io = trainer.strategy.checkpoint_io
+        if not isinstance(io, _VerifyingCheckpointIO):
+            trainer.strategy.checkpoint_io = _VerifyingCheckpointIO(io, self)
+        if trainer.is_global_zero and self.dirpath and Path(self.dirpath).is_dir():
+            for stale in Path(self.dirpath).glob(".*.partial"):  # a write killed midway (never read)
+                stale.unlink(missing_ok=True)
+
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        io = trainer.strategy.checkpoint_io
+        if isinstance(io, _VerifyingCheckpointIO) and io.callback is self:
+            trainer.strategy.checkpoint_io = io.inner
+
+    # -------------------------------------------------------------------------------------- the loop
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._next_rng is not None:  # the state the previous rollout ended in (or the resumed one)
+            set_rng_state(self._next_rng)
+            self._next_rng = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._next_rng = rng_state()
+        rollouts = self._rollouts(trainer, pl_module)
+        if rollouts > 0 and rollouts % self.every_n_rollouts == 0 and not trainer.sanity_checking:
+            self.save(trainer, rollouts)
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        pass  # rollout boundaries only
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        pass
+
+    def on_exception(self, trainer, pl_module, exception) -> None:
+        pass  # an exception mid-rollout is not a boundary; the last complete checkpoint stands
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        pass
+
+    @staticmethod
+    def _rollouts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
+        done = getattr(pl_module, "rollouts_done", None)
+        return int(done) if done is not None else trainer.fit_loop.epoch_loop.total_batch_idx + 1
+
+    # ------------------------------------------------------------------------------------------ write
+    def save(self, trainer: pl.Trainer, rollouts: int) -> Path:
+        """Write ``rollout=<n>.ckpt`` atomically, then point ``last.ckpt`` at it, then prune."""
+        dirpath = Path(self.dirpath)
+        dirpath.mkdir(parents=True, exist_ok=True)
+        path = atomic_save_checkpoint(trainer, dirpath / f"rollout={rollouts:06d}.ckpt")
+        if trainer.is_global_zero:
+            last = dirpath / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
+            tmp = dirpath / f".{last.name}.{os.getpid()}.partial"
+            tmp.unlink(missing_ok=True)
+            os.symlink(path.name, tmp)
+            os.replace(tmp, last)
+            _fsync(dirpath)
+            self._prune(dirpath, keep=path.name)
+        trainer.strategy.barrier("ResumableCheckpoint.save")
+        self.last_model_path = self._last_checkpoint_saved = str(path)
+        self._last_global_step_saved = trainer.global_step
+        return path
+
+    def _prune(self, dirpath: Path, keep: str) -> None:
+        files = sorted((int(m.group(1)), p) for p in dirpath.iterdir() if (m := _ROLLOUT_FILE.match(p.name)))
+        self.saved = [p.name for _, p in files[-self.keep_last_k:]]
+        for _, p in files[:-self.keep_last_k]:
+            if p.name != keep:
+                p.unlink(missing_ok=True)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """Drop frozen weights, add identity, config, versions and RNG (on every checkpoint of this trainer)."""
+        trained = trained_parameter_ids(trainer.optimizers)
+        frozen = frozen_keys(pl_module, trained)
+        state = checkpoint["state_dict"]
+        for key in frozen:
+            state.pop(key, None)
+        if self._frozen_identity is None or set(self._frozen_identity["keys"]) != set(frozen):
+            identity = frozen_identity(pl_module, frozen) if self.verify_frozen else {}
+            self._frozen_identity = {"keys": sorted(frozen), "parts": identity}
+        checkpoint[META_KEY] = {
+            "format": FORMAT_VERSION,
+            "frozen_keys": list(self._frozen_identity["keys"]),
+            "frozen": self._frozen_identity["parts"],
+            "frozen_sources": self._sources(pl_module),
+            "config": self._config(pl_module),
+            "versions": library_versions(),
+            "rng": rng_state(),
+            "rollouts_done": self._rollouts(trainer, pl_module),
+            "global_step": trainer.global_step,
+        }
+        # Lightning's copy of the hyperparameters may hold objects a weights-only load refuses
+        if "hyper_parameters" in checkpoint:
+            checkpoint["hyper_parameters"] = _plain(checkpoint["hyper_parameters"])
+
+    def _config(self, pl_module: pl.LightningModule) -> dict:
+        """The module's hyperparameters, its frozen reward calibration (not a hyperparameter of PPOModule) and
+        the run config."""
+        return {"hparams": _plain(dict(pl_module.hparams)), "config": self.config,
+                "calibration": _plain(getattr(pl_module, "calibration", None))}
+
+    @staticmethod
+    def _sources(pl_module: pl.LightningModule) -> dict[str, str | None]:
+        """Where the frozen parts come from, as far as the module says (PPOModule: base config, RM path)."""
+        model_config = getattr(pl_module, "model_config", None)
+        reward_path = getattr(pl_module, "_reward_path", None)
+        return {
+            "model": getattr(model_config, "name_or_path", None) if model_config is not None else None,
+            "reward_model": str(reward_path) if reward_path is not None else None,
+        }
+
+    # ------------------------------------------------------------------------------------------- read
+    def verify(self, checkpoint: dict, path) -> None:
+        """Refuse ``checkpoint`` (before Lightning restores anything) if its config, keys or frozen weights
+        differ from this run's; the message names each difference."""
+        meta = checkpoint.get(META_KEY)
+        pl_module = self._pl_module
+        if meta is None or pl_module is None:
+            return
+        problems = []
+        old, new = flatten(meta["config"]), flatten(self._config(pl_module))
+        for key in sorted(set(old) | set(new)):
+            if old.get(key, "<absent>") != new.get(key, "<absent>") and not any(
+                fnmatch.fnmatchcase(key, pattern) for pattern in self.allowed_config_changes
+            ):
+                problems.append(f"config {key}: checkpoint {old.get(key, '<absent>')!r}, "
+                                f"this run {new.get(key, '<absent>')!r}")
+        expected = set(pl_module.state_dict())
+        stored = set(checkpoint["state_dict"]) | set(meta["frozen_keys"])
+        for label, keys in (("missing from the checkpoint", expected - stored),
+                            ("in the checkpoint but not in this model", stored - expected)):
+            if keys:
+                problems.append(f"{len(keys)} weights {label}, e.g. {sorted(keys)[:3]}")
+        if self.verify_frozen and meta["frozen"] and not stored - expected:
+            now = frozen_identity(pl_module, meta["frozen_keys"])
+            sources = self._sources(pl_module)
+            for part, ident in meta["frozen"].items():
+                if now.get(part, {}).get("sha256") != ident["sha256"]:
+                    problems.append(
+                        f"frozen weights of {part!r} differ: checkpoint sha256 {ident['sha256'][:16]} (loaded from "
+                        f"{meta['frozen_sources'].get(part)!r}), this run {now.get(part, {}).get('sha256', '-')[:16]}"
+                        f" (loaded from {sources.get(part)!r})"
+                    )
+        if problems:
+            raise ValueError(f"cannot resume from {path}:\n  " + "\n  ".join(problems))
+        versions = library_versions()
+        changed = {k: (v, versions.get(k)) for k, v in meta["versions"].items() if versions.get(k) != v}
+        if changed:
+            rank_zero_warn(f"resuming from {path} with other library versions (checkpoint, now): {changed}; "
+                           "the run may not continue bitwise")
+        # The frozen weights are not in the checkpoint: they stay as configure_model loaded them (checked above).
+        pl_module.strict_loading = False
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        meta = checkpoint.get(META_KEY)
+        if meta is not None:
+            self._next_rng = meta["rng"]  # applied when the next rollout starts
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"dirpath": str(self.dirpath), "last_model_path": self.last_model_path, "saved": list(self.saved)}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.last_model_path = state_dict.get("last_model_path", "")
+        self.saved = list(state_dict.get("saved", []))

@@ -1,0 +1,245 @@
+"""Early stopping on held-out utility, never on the training reward (seed 000 §10.2, Gao et al. 2022).
+
+Every ``every_n_rollouts`` rollouts :class:`HeldOutUtilityEarlyStopping` samples responses to a fixed set of
+held-out prompts (disjoint from the RL prompts) with the policy's sampling config and a fixed seed, in a forked
+RNG (the training RNG stream is untouched), and measures on the same samples:
+
+- ``utility``: a scorer that is **not** the training reward: the toy world's gold utility by default; any
+  callable ``(prompt_record, response_text) -> float`` (a rule set, a separate held-out reward model wrapped as
+  a callable), or an object with ``score_batch(prompt_records, response_texts) -> list[float]``;
+- ``proxy``: the training reward model's score, calibrated as in the rewards (no penalty, no clip);
+- ``kl``: the mean over responses of the per-sequence sum of k1 (``logp - ref_logp``) against the reference.
+
+The best checkpoint **by utility** is written (atomically) as ``best.ckpt``; training stops after ``patience``
+evaluations without an improvement of at least ``min_delta``. Logged at each evaluation: ``heldout/utility``,
+``heldout/proxy``, ``heldout/kl_seq``, ``heldout/best_utility``. The Goodhart plot (utility and proxy against
+sqrt(KL), the kept checkpoint marked) is written to the log dir on each evaluation and at the end, and sent
+to the logger when it takes images; the history goes to ``heldout_history.json`` next to it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+from lrlhf.callbacks.checkpoint import atomic_save_checkpoint
+from lrlhf.callbacks.goodhart import plot_goodhart
+from lrlhf.data.collate import collate_prompts
+from lrlhf.data.records import PromptExample
+from lrlhf.data.tokenize import encode_prompt
+from lrlhf.functional import kl_k1, masked_sum, response_masks
+from lrlhf.models.generation import as_prompt, cut_at_eos
+from lrlhf.utils.io import atomic_write_text
+
+Utility = Callable[[Any, str], float]
+UTILITIES = ("toy_gold",)
+
+
+def resolve_utility(utility: str | Utility | Any) -> Any:
+    """A utility by name (``toy_gold``), or the callable / ``score_batch`` object itself."""
+    if isinstance(utility, str):
+        if utility == "toy_gold":
+            from lrlhf.data.toy import gold_utility
+
+            return gold_utility
+        raise ValueError(f"callbacks.early_stopping.utility must be one of {list(UTILITIES)}, a callable "
+                         f"(prompt_record, response_text) -> float or an object with score_batch; got {utility!r}")
+    if not callable(utility) and not hasattr(utility, "score_batch"):
+        raise ValueError(f"callbacks.early_stopping.utility must be callable or have score_batch, got {utility!r}")
+    return utility
+
+
+class HeldOutUtilityEarlyStopping(Callback):
+    """Evaluate held-out utility, keep the best checkpoint by it, stop when it stops improving.
+
+    Args:
+        prompts: held-out prompts: a path read with ``load_records(path, "prompt")`` or a list of records.
+        utility: ``"toy_gold"``, a callable ``(prompt_record, response_text) -> float``, or an object with
+            ``score_batch(records, texts)``. Must not be the training reward model.
+        every_n_rollouts: evaluate after every n-th rollout.
+        patience: evaluations without improvement before stopping; None = never stop (still keeps the best).
+        min_delta: an improvement counts when ``utility > best + min_delta``.
+        n_samples: responses per prompt (adjacent rows; all share the sampling seed's stream).
+        seed: seed of the evaluation sampling (forked RNG).
+        batch_size: prompts x samples per generation batch.
+        dirpath: folder of ``best.ckpt``; None = the trainer's checkpoint callback's folder, else
+            ``<default_root_dir>/checkpoints``.
+        save_best: write ``best.ckpt`` on each improvement.
+        plot: write the Goodhart plot (needs matplotlib).
+        max_prompt_length: prompts are cut (from the left) to this many tokens.
+    """
+
+    def __init__(
+        self,
+        prompts: str | Path | Sequence[PromptExample],
+        utility: str | Utility | Any = "toy_gold",
+        every_n_rollouts: int = 5,
+        patience: int | None = 3,
+        min_delta: float = 0.0,
+        n_samples: int = 1,
+        seed: int = 1234,
+        batch_size: int = 64,
+        dirpath: str | Path | None = None,
+        save_best: bool = True,
+        plot: bool = True,
+        max_prompt_length: int = 1024,
+    ):
+        checks = [("every_n_rollouts", every_n_rollouts >= 1, "must be >= 1"),
+                  ("patience", patience is None or patience >= 1, "must be >= 1 or None"),
+                  ("min_delta", min_delta >= 0, "must be >= 0"),
+                  ("n_samples", n_samples >= 1, "must be >= 1"),
+                  ("batch_size", batch_size >= 1, "must be >= 1")]
+        for key, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"callbacks.early_stopping.{key} {rule}, got {locals()[key]!r}")
+        if isinstance(prompts, (str, Path)):
+            from lrlhf.data.formats import load_records
+
+            prompts, _ = load_records(str(prompts), "prompt", verbose=False)
+        self.prompts = [as_prompt(p) for p in prompts]
+        if not self.prompts:
+            raise ValueError("callbacks.early_stopping.prompts is empty")
+        self.utility = resolve_utility(utility)
+        if plot and importlib.util.find_spec("matplotlib") is None:
+            raise ValueError("callbacks.early_stopping.plot=True needs matplotlib (pip install matplotlib), "
+                             "or set plot=False")
+        self.every_n_rollouts, self.patience, self.min_delta = every_n_rollouts, patience, min_delta
+        self.n_samples, self.seed, self.batch_size = n_samples, seed, batch_size
+        self.dirpath = Path(dirpath) if dirpath is not None else None
+        self.save_best, self.plot, self.max_prompt_length = save_best, plot, max_prompt_length
+        self.history: list[dict] = []
+        self.best_index: int | None = None
+        self.wait = 0
+        self.stopped_at: int | None = None
+        self.best_model_path = ""
+
+    # ---------------------------------------------------------------------------------------- state
+    @property
+    def best(self) -> dict | None:
+        return self.history[self.best_index] if self.best_index is not None else None
+
+    def state_dict(self) -> dict:
+        return {"history": [dict(h) for h in self.history], "best_index": self.best_index, "wait": self.wait,
+                "stopped_at": self.stopped_at, "best_model_path": self.best_model_path}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.history = [dict(h) for h in state_dict["history"]]
+        self.best_index, self.wait = state_dict["best_index"], state_dict["wait"]
+        self.stopped_at, self.best_model_path = state_dict["stopped_at"], state_dict["best_model_path"]
+
+    # ----------------------------------------------------------------------------------- evaluation
+    @torch.no_grad()
+    def evaluate(self, trainer: pl.Trainer, pl_module) -> dict[str, float]:
+        """``{"utility", "proxy", "kl", "length"}`` means over the held-out samples (see the module docstring).
+
+        Uses the PPO module's hooks: ``generate`` (its sampling config), ``policy_forward``,
+        ``reference_logprobs``, ``score`` and ``calibration``. Override to evaluate something else.
+        """
+        records = [p for p in self.prompts for _ in range(self.n_samples)]
+        encoded = [encode_prompt(pl_module.tokenizer, p, max_length=self.max_prompt_length, truncation="left")
+                   for p in records]
+        device = pl_module.device
+        eos_ids = set(pl_module.eos_token_ids)
+        texts: list[str] = []
+        kls, proxies, lengths = [], [], []
+        devices = [device] if device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(self.seed)
+            for start in range(0, len(encoded), self.batch_size):
+                batch = collate_prompts(encoded[start:start + self.batch_size], pl_module.pad_token_id)
+                q, qm = batch["input_ids"].to(device), batch["attention_mask"].to(device)  # (B, P)
+                r = pl_module.generate(q, qm)  # (B, R)
+                masks = response_masks(r, pl_module.eos_token_ids, pl_module.pad_token_id)
+                logprobs, _ = pl_module.policy_forward(q, qm, r)
+                ref = pl_module.reference_logprobs(q, qm, r)
+                kls.append(masked_sum(kl_k1(logprobs, ref), masks.action_mask, dim=1).float().cpu())
+                raw = pl_module.score(q, qm, r, masks)
+                calibration = getattr(pl_module, "calibration", None)
+                proxies.append((calibration.normalise(raw) if calibration is not None else raw).float().cpu())
+                lengths.append(masks.lengths.float().cpu())
+                texts += [pl_module.tokenizer.decode(cut_at_eos(row, eos_ids), skip_special_tokens=True)
+                          for row in r.tolist()]
+        if hasattr(self.utility, "score_batch"):
+            utilities = [float(u) for u in self.utility.score_batch(records, texts)]
+        else:
+            utilities = [float(self.utility(rec, text)) for rec, text in zip(records, texts, strict=True)]
+        return {"utility": sum(utilities) / len(utilities), "proxy": torch.cat(proxies).mean().item(),
+                "kl": torch.cat(kls).mean().item(), "length": torch.cat(lengths).mean().item()}
+
+    # ---------------------------------------------------------------------------------------- hooks
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        rollouts = int(getattr(pl_module, "rollouts_done", trainer.fit_loop.epoch_loop.total_batch_idx + 1))
+        if rollouts == 0 or rollouts % self.every_n_rollouts:
+            return
+        result = {"rollout": rollouts, "global_step": trainer.global_step, **self.evaluate(trainer, pl_module)}
+        self.history.append(result)
+        index = len(self.history) - 1
+        best = self.best
+        improved = best is None or result["utility"] > best["utility"] + self.min_delta
+        if improved:
+            self.best_index, self.wait = index, 0
+            if self.save_best:
+                self.best_model_path = str(atomic_save_checkpoint(trainer, self._dirpath(trainer) / "best.ckpt"))
+        else:
+            self.wait += 1
+        pl_module.log_dict({"heldout/utility": result["utility"], "heldout/proxy": result["proxy"],
+                            "heldout/kl_seq": result["kl"], "heldout/length": result["length"],
+                            "heldout/best_utility": self.best["utility"]}, batch_size=1)
+        rank_zero_info(f"held-out eval {index} (rollout {rollouts}): utility {result['utility']:.4f}, proxy "
+                       f"{result['proxy']:.4f}, KL {result['kl']:.3f}; best {self.best['utility']:.4f} at rollout "
+                       f"{self.best['rollout']}{'' if improved else f', {self.wait} without improvement'}")
+        self._write_outputs(trainer)
+        if self.patience is not None and self.wait >= self.patience:
+            self.stopped_at = rollouts
+            trainer.should_stop = True
+            rank_zero_info(f"early stopping at rollout {rollouts}: {self.wait} evaluations without an improvement "
+                           f">= {self.min_delta}; kept rollout {self.best['rollout']} ({self.best_model_path})")
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self.history:
+            self._write_outputs(trainer, final=True)
+
+    # -------------------------------------------------------------------------------------- outputs
+    def _dirpath(self, trainer: pl.Trainer) -> Path:
+        if self.dirpath is not None:
+            return self.dirpath
+        checkpoint = trainer.checkpoint_callback
+        if checkpoint is not None and getattr(checkpoint, "dirpath", None):
+            return Path(checkpoint.dirpath)
+        return Path(trainer.default_root_dir) / "checkpoints"
+
+    @staticmethod
+    def _log_dir(trainer: pl.Trainer) -> Path:
+        return Path(trainer.log_dir or trainer.default_root_dir)
+
+    def _write_outputs(self, trainer: pl.Trainer, final: bool = False) -> None:
+        if not trainer.is_global_zero:
+            return
+        log_dir = self._log_dir(trainer)
+        summary = {"history": self.history, "best_index": self.best_index, "best_model_path": self.best_model_path,
+                   "stopped_at": self.stopped_at, "min_delta": self.min_delta, "patience": self.patience,
+                   "utility": getattr(self.utility, "__name__", type(self.utility).__name__)}
+        atomic_write_text(log_dir / "heldout_history.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        if not self.plot:
+            return
+        path = plot_goodhart(self.history, self.best_index, log_dir / "goodhart.png",
+                             title=f"held-out utility vs proxy ({len(self.history)} evaluations)")
+        logger = trainer.logger
+        step = self.history[-1]["rollout"]
+        if logger is None:
+            return
+        if hasattr(logger, "log_image"):  # e.g. WandbLogger
+            logger.log_image(key="heldout/goodhart", images=[str(path)], step=trainer.global_step)
+        elif hasattr(getattr(logger, "experiment", None), "add_image"):  # TensorBoard
+            import numpy as np
+            from matplotlib.image import imread
+
+            logger.experiment.add_image("heldout/goodhart", np.asarray(imread(path)), step, dataformats="HWC")

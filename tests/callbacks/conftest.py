@@ -1,0 +1,49 @@
+"""A tiny deterministic PPO run on the toy world (the shape of tests/modules/test_ppo.py)."""
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from lrlhf.data.datamodules import PromptDataModule
+from lrlhf.data.toy import WorldSizes, build_world
+from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
+from lrlhf.modules import PPOConfig, PPOModule
+
+BATCH = 4
+
+
+@pytest.fixture(scope="session")
+def world(tmp_path_factory):
+    sizes = WorldSizes(sft_train=4, sft_val=4, pref_train=2, pref_val=2, pref_test=2, rl=12, eval=6)
+    return build_world(tmp_path_factory.mktemp("toy"), seed=0, sizes=sizes)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(world):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(world.tokenizer)
+
+
+def make_data(world, tokenizer, batch_size=BATCH):
+    return PromptDataModule(tokenizer, train=str(world.rl_prompts), batch_size=batch_size, max_length=64, seed=3)
+
+
+def make_module(world, tokenizer, cls=PPOModule, **overrides):
+    """The base and the reward model loaded from the world's folder (a reward model with a random head)."""
+    config = dict(max_new_tokens=6, ppo_epochs=1, minibatch_size=2, forward_batch_size=4, lr=5e-2,
+                  kl_coef=0.1, policy_lora=LoraSpec(r=2), value_lora=LoraSpec(r=2))
+    config.update(overrides)
+    torch.manual_seed(0)
+    reward = ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
+    return cls(ModelConfig(str(world.model)), reward, tokenizer, PPOConfig(**config))
+
+
+def make_trainer(tmp_path, rollouts, module, callbacks=(), **kw):
+    """``rollouts`` Trainer batches, bounded by ``max_steps`` (one batch = ``updates_per_rollout`` steps)."""
+    return pl.Trainer(accelerator="cpu", max_epochs=-1, max_steps=rollouts * module.updates_per_rollout(BATCH),
+                      logger=False, callbacks=list(callbacks),
+                      enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      limit_val_batches=0, default_root_dir=tmp_path, **kw)

@@ -1,0 +1,150 @@
+"""ResumableCheckpoint: N + M rollouts straight == N, stop, resume, M (bitwise); refusals; pruning."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from lrlhf.callbacks import KLControlCallback, ResumableCheckpoint
+from lrlhf.modules import PPOModule
+from lrlhf.modules.reward import RewardCalibration
+
+from .conftest import make_data, make_module, make_trainer
+
+
+class RecordSamples(PPOModule):
+    """Keeps the sampled ids of every rollout."""
+
+    def __init__(self, *a, **kw):
+        super().__init__(*a, **kw)
+        self.sampled = []
+
+    def generate(self, query_ids, query_mask):
+        ids = super().generate(query_ids, query_mask)
+        self.sampled.append(ids.clone())
+        return ids
+
+
+def _run(world, tokenizer, root, rollouts, ckpt_path=None, kl=True, keep_last_k=2, **ckpt_kw):
+    module = make_module(world, tokenizer, cls=RecordSamples)
+    callbacks = [KLControlCallback("adaptive", target=0.5, horizon=20.0)] if kl else []
+    callbacks.append(ResumableCheckpoint(dirpath=root / "ckpt", keep_last_k=keep_last_k, **ckpt_kw))
+    trainer = make_trainer(root, rollouts, module, callbacks)
+    trainer.fit(module, datamodule=make_data(world, tokenizer), ckpt_path=ckpt_path)
+    return module, trainer
+
+
+def _trained(module):
+    return {n: p.detach().clone() for n, p in module.model.named_parameters() if "lora_" in n} | {
+        f"value_head.{n}": p.detach().clone() for n, p in module.value_head.named_parameters()}
+
+
+@pytest.mark.parametrize("n, m", [(2, 3), (3, 2)], ids=["mid-epoch", "epoch-end"])
+def test_straight_equals_stop_and_resume_bitwise(world, tokenizer, tmp_path, n, m):
+    """n + m rollouts straight == n, stop, resume, m (3 batches per epoch: the resumed part crosses an epoch
+    boundary; saved at an epoch's end, the new DataLoader iterator draws from the global RNG in between)."""
+    straight, t_straight = _run(world, tokenizer, tmp_path / "straight", n + m)
+    first, _ = _run(world, tokenizer, tmp_path / "split", n)
+    ckpt = tmp_path / "split" / "ckpt" / "last.ckpt"
+    assert ckpt.is_symlink() and ckpt.resolve().name == f"rollout={n:06d}.ckpt"
+    resumed, t_resumed = _run(world, tokenizer, tmp_path / "split", n + m, ckpt_path="last")
+
+    assert resumed.rollouts_done == n + m and t_resumed.global_step == t_straight.global_step
+    assert len(resumed.sampled) == m
+    for a, b in zip(straight.sampled, first.sampled + resumed.sampled, strict=True):
+        assert torch.equal(a, b)  # sampled token ids
+    assert resumed.kl_controller.value == straight.kl_controller.value  # beta, bitwise (python float)
+    assert straight.kl_controller.value != 0.1  # the adaptive controller did move
+    a, b = _trained(straight), _trained(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    opt_a, opt_b = t_straight.optimizers[0].state_dict(), t_resumed.optimizers[0].state_dict()
+    assert opt_a["param_groups"] == opt_b["param_groups"]
+    for i, state in opt_a["state"].items():
+        for key, value in state.items():
+            assert torch.equal(value, opt_b["state"][i][key]), (i, key)
+
+
+def test_checkpoint_has_no_frozen_weights_and_loads_weights_only(world, tokenizer, tmp_path):
+    module, trainer = _run(world, tokenizer, tmp_path, 3)
+    folder = tmp_path / "ckpt"
+    assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "rollout=000002.ckpt", "rollout=000003.ckpt"]
+    ckpt = torch.load(folder / "last.ckpt", weights_only=True)
+    keys = set(ckpt["state_dict"])
+    assert keys and all("lora_" in k or k.startswith("value_head.") for k in keys)
+    meta = ckpt["lrlhf"]
+    assert {k.split(".")[0] for k in meta["frozen_keys"]} == {"model", "reward_model"}
+    assert set(meta["frozen"]) == {"model", "reward_model"}
+    assert meta["rollouts_done"] == 3 and meta["global_step"] == trainer.global_step
+    assert {"torch", "lightning", "transformers", "peft", "lrlhf"} <= set(meta["versions"])
+    assert ckpt["PromptDataModule"]["train_sampler"]["epoch"] == 1  # 3 batches = one whole epoch
+    assert ckpt["kl_controller"]["value"] == module.kl_controller.value
+
+
+@pytest.mark.slow
+def test_sigkill_mid_write_leaves_last_intact_and_resumable(world, tokenizer, tmp_path):
+    """A child saves after rollouts 1 and 2, then is killed (SIGKILL) while writing the third checkpoint."""
+    child = Path(__file__).with_name("sigkill_child.py")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[2] / "src"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    marker = tmp_path / "writing"
+    proc = subprocess.Popen([sys.executable, str(child), str(world.root), str(tmp_path)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "the child never started the slow write"
+            time.sleep(0.05)
+        time.sleep(0.3)  # a few chunks in
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    folder = tmp_path / "ckpt"
+    partial = [p.name for p in folder.iterdir() if p.name.endswith(".partial")]
+    assert partial, "the kill should have landed mid-write"
+    assert not (folder / "rollout=000003.ckpt").exists()
+    last = folder / "last.ckpt"
+    assert last.resolve().name == "rollout=000002.ckpt"
+    assert torch.load(last, weights_only=True)["lrlhf"]["rollouts_done"] == 2
+
+    module, trainer = _run(world, tokenizer, tmp_path, 3, ckpt_path="last", kl=False)
+    assert module.rollouts_done == 3 and len(module.sampled) == 1
+    assert not [p for p in folder.iterdir() if p.name.endswith(".partial")]  # cleaned at setup
+    assert last.resolve().name == "rollout=000003.ckpt"
+
+
+def test_resume_refuses_other_config_and_other_frozen_weights(world, tokenizer, tmp_path):
+    _run(world, tokenizer, tmp_path, 1)
+    data = make_data(world, tokenizer)
+
+    module = make_module(world, tokenizer, lr=1e-3)
+    trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
+    with pytest.raises(ValueError, match=r"config hparams.ppo.lr: checkpoint 0.05, this run 0.001"):
+        trainer.fit(module, datamodule=data, ckpt_path="last")
+
+    module = make_module(world, tokenizer)
+    module.calibration = RewardCalibration(mean=0.0, std=2.0, count=10)  # another reward normalisation
+    trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
+    with pytest.raises(ValueError, match=r"config calibration.std: checkpoint '<absent>', this run 2.0"):
+        trainer.fit(module, datamodule=data, ckpt_path="last")
+
+    module = make_module(world, tokenizer)
+    with torch.no_grad():
+        module.reward_model.head.linear.weight.add_(1e-3)  # another reward model
+    trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
+    with pytest.raises(ValueError, match=r"frozen weights of 'reward_model' differ") as info:
+        trainer.fit(module, datamodule=data, ckpt_path="last")
+    assert "'model'" not in str(info.value)  # the base is the same
+
+    # an allowed change resumes
+    module = make_module(world, tokenizer, lr=1e-3)
+    trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(
+        dirpath=tmp_path / "ckpt", allowed_config_changes=["hparams.ppo.lr"])])
+    trainer.fit(module, datamodule=data, ckpt_path="last")
+    assert module.rollouts_done == 2
