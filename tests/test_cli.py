@@ -156,3 +156,30 @@ def test_multirun(tmp_path):
            f"hydra.sweep.dir={tmp_path / 'sweep'}", *[o for o in _tiny("sft") if not o.startswith("trainer.")])
     summaries = sorted((tmp_path / "sweep").glob("*/summary.json"))
     assert len(summaries) == 2
+
+
+def test_ppo_resumes_from_last(tmp_path):
+    run = tmp_path / "run"
+    tiny = [o for o in _tiny("ppo_lora") if not o.startswith("trainer.max_steps")]
+    common = ["recipe=ppo_lora", "logger=none", f"hydra.run.dir={run}", "callbacks.early_stopping.patience=null",
+              "callbacks.checkpoint.every_n_rollouts=1", *tiny]
+    _train(tmp_path, *common, "trainer.max_steps=4")  # 8 prompts per rollout, 2 optimiser steps each
+    assert json.loads((run / "summary.json").read_text())["rollouts"] == 2
+    out = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last")
+    assert "Restoring states from the checkpoint" in out.stdout + out.stderr
+    assert json.loads((run / "summary.json").read_text())["rollouts"] == 4
+
+
+def test_rm_recipe_tiny_reports_held_out_metrics_and_exports(tmp_path):
+    run = tmp_path / "run"
+    _train(tmp_path, "recipe=rm", "logger=none", f"hydra.run.dir={run}", *_tiny("rm"))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stage"] == "rm" and 0.0 <= summary["test/accuracy"] <= 1.0
+    assert (run / "model" / "reward_head.safetensors").is_file()
+    assert (run / "model" / "reward_calibration.json").is_file()
+
+
+def test_model_smollm2_composes_to_the_wheel_gguf(smollm2_config, tmp_path):
+    cfg = _compose(["recipe=sft_lora", "model=smollm2", f"paths.cache_dir={tmp_path}", "paths.run_dir=."])
+    assert cfg.model.name_or_path == smollm2_config.name_or_path
+    assert cfg.model.gguf_file == smollm2_config.gguf_file

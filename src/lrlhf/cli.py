@@ -112,6 +112,8 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
         extra = list(cfg.stage_overrides.get(name) or [])
         dep = compose(recipe, _shared_overrides(overrides) + extra)
         todo += [t for t in plan(dep, overrides, compose, inside) if all(t[2] != u[2] for u in todo)]
+        with open_dict(dep):  # the run folder must not enter the key (callbacks interpolate it)
+            dep.paths.run_dir = "<stage folder>"
         out_dir = (inside / name) if inside is not None else (
             Path(cfg.paths.cache_dir).expanduser() / "stages" / f"{recipe}-{stage_key(dep)}"
         )
@@ -226,13 +228,34 @@ def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
 
 
 def _finish_ppo(cfg, module, data, trainer, out_dir: Path) -> dict:
-    paths = module.export(out_dir / "export")
     summary = {"rollouts": module.rollouts_done, "kl/beta": module.kl_controller.value,
-               "rollout/kl_seq": _metric(trainer, "rollout/kl_seq"), "rollout/score": _metric(trainer, "rollout/score"),
-               "export": str(paths["merged"]), "adapter": str(paths["adapter"])}
+               "rollout/kl_seq": _metric(trainer, "rollout/kl_seq"), "rollout/score": _metric(trainer, "rollout/score")}
+    summary.update(_restore_best(trainer, module))
+    paths = module.export(out_dir / "export")
+    summary.update(export=str(paths["merged"]), adapter=str(paths["adapter"]))
     if cfg.get("eval"):
         summary.update(_compare_with_sft(cfg, module))
     return summary
+
+
+def _restore_best(trainer, module) -> dict:
+    """Load the checkpoint that held-out-utility early stopping chose (never chosen by training reward)."""
+    import torch
+
+    from lrlhf.callbacks import HeldOutUtilityEarlyStopping
+
+    stopper = next((c for c in trainer.callbacks if isinstance(c, HeldOutUtilityEarlyStopping)), None)
+    if stopper is None or stopper.best is None:
+        return {}
+    found = {"chosen/rollout": stopper.best["rollout"], "chosen/heldout_utility": stopper.best["utility"],
+             "goodhart_plot": str(Path(trainer.log_dir or trainer.default_root_dir) / "goodhart.png")}
+    if stopper.best_model_path:
+        state = torch.load(stopper.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
+        unexpected = module.load_state_dict(state, strict=False).unexpected_keys  # frozen weights are not saved
+        if unexpected:
+            raise RuntimeError(f"{stopper.best_model_path}: unexpected weights {unexpected[:5]}")
+        found["chosen/checkpoint"] = stopper.best_model_path
+    return found
 
 
 def _compare_with_sft(cfg, module) -> dict:
@@ -267,6 +290,9 @@ def print_summary(summary: dict) -> None:
         lo, hi = summary["gold/ppo_minus_sft_interval"]
         print(f"held-out gold utility: SFT {summary['gold/sft']:.3f}, PPO {summary['gold/ppo']:.3f}; "
               f"PPO - SFT {summary['gold/ppo_minus_sft']:+.3f} (95% paired bootstrap [{lo:+.3f}, {hi:+.3f}])")
+    if "chosen/rollout" in summary:
+        print(f"chosen PPO checkpoint: rollout {summary['chosen/rollout']} by held-out utility "
+              f"{summary['chosen/heldout_utility']:.3f} (early stopping); Goodhart plot: {summary['goodhart_plot']}")
     for key in ("rollout/kl_seq", "kl/beta", "test/accuracy", "val/loss"):
         if summary.get(key) is not None:
             print(f"{key}: {summary[key]:.4f}")
