@@ -183,3 +183,12 @@ def test_model_smollm2_composes_to_the_wheel_gguf(smollm2_config, tmp_path):
     cfg = _compose(["recipe=sft_lora", "model=smollm2", f"paths.cache_dir={tmp_path}", "paths.run_dir=."])
     assert cfg.model.name_or_path == smollm2_config.name_or_path
     assert cfg.model.gguf_file == smollm2_config.gguf_file
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_runs_tiny(recipe, tmp_path):
+    run = tmp_path / "run"
+    _train(tmp_path, f"recipe={recipe}", "logger=none", f"hydra.run.dir={run}", *_tiny(recipe))
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stage"] == _compose([f"recipe={recipe}", "paths.run_dir=."]).stage
+    assert Path(summary["export"]).is_dir()
