@@ -33,7 +33,7 @@ def _compose(overrides):
 
 def _train(tmp_path, *args, env=None, check=True):
     environment = {**os.environ, "LRLHF_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline",
-                   "PYTHONPATH": str(ROOT / "tests"), **(env or {})}
+                   "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]), **(env or {})}
     out = subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=environment, capture_output=True,
                          text=True, timeout=600)
     if check:
@@ -42,8 +42,9 @@ def _train(tmp_path, *args, env=None, check=True):
 
 
 def _tiny(recipe):
-    # eval exists only in PPO recipes; data.batch_size in all
-    return [o for o in TINY if not (o.startswith("eval.") and "ppo" not in recipe and recipe != "pipeline")]
+    # eval exists only in PPO and DPO recipes; data.batch_size in all
+    has_eval = recipe.startswith(("ppo", "dpo")) or recipe == "pipeline"
+    return [o for o in TINY if not (o.startswith("eval.") and not has_eval)]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -60,7 +61,8 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
         return dep
 
     todo = cli.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
-    assert [t[0] for t in todo] == {"sft": [], "sft_lora": [], "rm": ["sft"]}.get(recipe, ["sft", "rm"])
+    needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"]}.get(recipe, ["sft", "rm"])
+    assert [t[0] for t in todo] == needs
     assert not (tmp_path / "worlds").exists()
 
 
@@ -123,6 +125,18 @@ def test_ppo_lora_from_an_empty_cache_then_reuses_it(tmp_path):
     out = _train(tmp_path, "recipe=ppo_lora", "logger=none", f"hydra.run.dir={tmp_path / 'run2'}", *_tiny("ppo_lora"))
     assert "building the" not in out.stdout
     assert sorted(p.name for p in (tmp_path / "cache" / "stages").iterdir()) == stages
+
+
+def test_dpo_lora_tiny_exports_and_compares_with_sft(tmp_path):
+    run = tmp_path / "run"
+    out = _train(tmp_path, "recipe=dpo_lora", "logger=csv", f"hydra.run.dir={run}", *_tiny("dpo_lora"))
+    assert "building the `sft` stage" in out.stdout and "held-out gold utility: SFT" in out.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stage"] == "dpo" and {"gold/dpo", "gold/dpo_minus_sft_interval"} <= set(summary)
+    assert (run / "export" / "merged" / "config.json").is_file()
+    assert (run / "export" / "adapter" / "adapter_config.json").is_file()
+    header = (run / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"train/loss", "train/rewards_chosen", "train/reward_margin", "train/accuracy"} <= set(header)
 
 
 def test_pipeline_builds_its_stages_inside_the_run_folder(tmp_path):

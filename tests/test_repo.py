@@ -1,5 +1,6 @@
 """The repository's promises: the README's commands are what CI runs, and the main command works."""
 
+import os
 import re
 import subprocess
 import sys
@@ -26,7 +27,9 @@ def test_readme_main_command_installs_and_runs_train_py():
 
 
 def test_train_py_help_lists_the_recipes():
-    out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}  # this checkout's lrlhf, whatever is installed
+    out = subprocess.run([sys.executable, "train.py", "--help"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=120)
     assert out.returncode == 0, out.stderr
     recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     assert f"recipe: {', '.join(recipes)}" in out.stdout

@@ -1,6 +1,6 @@
 """``python train.py [recipe=NAME] [key=value ...]``: Hydra composes the config, the CLI runs one stage.
 
-A recipe (``recipes/NAME.yaml``) names a ``stage`` (``sft``, ``rm`` or ``ppo``), the LightningModule and the
+A recipe (``recipes/NAME.yaml``) names a ``stage`` (``sft``, ``rm``, ``ppo`` or ``dpo``), the LightningModule and the
 datamodule by ``_target_``, and the stages it ``needs`` first (e.g. PPO needs ``sft`` and ``rm``). Needed stages
 are composed from their own recipes (with the overrides of the shared keys: ``world``, ``model``, ``paths``,
 ``seed``, ``threads``, and ``stage_overrides.<need>`` for that stage alone), cached under
@@ -9,12 +9,12 @@ by later runs (``cache=false`` builds them inside this run's folder instead). Th
 use under ``<cache_dir>/worlds/``.
 
 Everything is validated before any work: Hydra refuses unknown keys, and every ``_target_`` config node of the
-modules (``SFTConfig``, ``RewardConfig``, ``PPOConfig``, ``ModelConfig``, ``LoraSpec``) is built first, so a
-bad value fails naming its key.
+modules (``SFTConfig``, ``RewardConfig``, ``PPOConfig``, ``DPOConfig``, ``ModelConfig``, ``LoraSpec``) is built
+first, so a bad value fails naming its key.
 
 Outputs of every stage, under its run folder (``hydra.run.dir=...`` for the main one): ``config.yaml`` (resolved),
 ``summary.json``, the logger's files, checkpoints, and the stage's export (``merged/`` and ``adapter/`` for SFT,
-``model/`` for the RM, ``export/merged`` and ``export/adapter`` for PPO).
+``model/`` for the RM, ``export/merged`` and ``export/adapter`` for PPO and DPO).
 """
 
 from __future__ import annotations
@@ -258,8 +258,9 @@ def _restore_best(trainer, module) -> dict:
     return found
 
 
-def _compare_with_sft(cfg, module) -> dict:
-    """Held-out gold utility of the SFT policy and the PPO policy on the same prompts and seed."""
+def _compare_with_sft(cfg, module, name: str = "ppo") -> dict:
+    """Held-out gold utility of the SFT policy and the trained policy (reported as ``name``) on the same prompts
+    and seed."""
     from lrlhf.data.formats import load_records
     from lrlhf.eval import bootstrap_interval, sample_gold_utility
     from lrlhf.models import load_causal_lm
@@ -268,14 +269,24 @@ def _compare_with_sft(cfg, module) -> dict:
     sampling = dict(n_samples=cfg.eval.n_samples, temperature=cfg.eval.temperature,
                     max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed)
     sft = sample_gold_utility(load_causal_lm(_model_config(cfg)), module.tokenizer, prompts, **sampling)
-    ppo = sample_gold_utility(module.model, module.tokenizer, prompts, **sampling)
-    diff = [b - a for a, b in zip(sft.per_prompt, ppo.per_prompt, strict=True)]
+    trained = sample_gold_utility(module.model, module.tokenizer, prompts, **sampling)
+    diff = [b - a for a, b in zip(sft.per_prompt, trained.per_prompt, strict=True)]
     return {"gold/sft": sft.mean, "gold/sft_interval": bootstrap_interval(sft.per_prompt),
-            "gold/ppo": ppo.mean, "gold/ppo_interval": bootstrap_interval(ppo.per_prompt),
-            "gold/ppo_minus_sft": sum(diff) / len(diff), "gold/ppo_minus_sft_interval": bootstrap_interval(diff)}
+            f"gold/{name}": trained.mean, f"gold/{name}_interval": bootstrap_interval(trained.per_prompt),
+            f"gold/{name}_minus_sft": sum(diff) / len(diff),
+            f"gold/{name}_minus_sft_interval": bootstrap_interval(diff)}
 
 
-FINISH = {"sft": _finish_sft, "rm": _finish_rm, "ppo": _finish_ppo}
+def _finish_dpo(cfg, module, data, trainer, out_dir: Path) -> dict:
+    summary = {key: _metric(trainer, key) for key in ("train/loss", "val/loss", "val/accuracy", "val/reward_margin")}
+    paths = module.export(out_dir / "export")
+    summary.update(export=str(paths.merged), adapter=str(paths.adapter))
+    if cfg.get("eval"):
+        summary.update(_compare_with_sft(cfg, module, name="dpo"))
+    return summary
+
+
+FINISH = {"sft": _finish_sft, "rm": _finish_rm, "ppo": _finish_ppo, "dpo": _finish_dpo}
 
 
 def _metric(trainer, key: str) -> float | None:
@@ -286,14 +297,17 @@ def _metric(trainer, key: str) -> float | None:
 # ----------------------------------------------------------------------------------------------- main
 def print_summary(summary: dict) -> None:
     print(f"\n== lrlhf {summary['stage']}: done ==")
-    if "gold/ppo" in summary:
-        lo, hi = summary["gold/ppo_minus_sft_interval"]
-        print(f"held-out gold utility: SFT {summary['gold/sft']:.3f}, PPO {summary['gold/ppo']:.3f}; "
-              f"PPO - SFT {summary['gold/ppo_minus_sft']:+.3f} (95% paired bootstrap [{lo:+.3f}, {hi:+.3f}])")
+    for name in ("ppo", "dpo"):
+        if f"gold/{name}" in summary:
+            lo, hi = summary[f"gold/{name}_minus_sft_interval"]
+            label = name.upper()
+            print(f"held-out gold utility: SFT {summary['gold/sft']:.3f}, {label} {summary[f'gold/{name}']:.3f}; "
+                  f"{label} - SFT {summary[f'gold/{name}_minus_sft']:+.3f} "
+                  f"(95% paired bootstrap [{lo:+.3f}, {hi:+.3f}])")
     if "chosen/rollout" in summary:
         print(f"chosen PPO checkpoint: rollout {summary['chosen/rollout']} by held-out utility "
               f"{summary['chosen/heldout_utility']:.3f} (early stopping); Goodhart plot: {summary['goodhart_plot']}")
-    for key in ("rollout/kl_seq", "kl/beta", "test/accuracy", "val/loss"):
+    for key in ("rollout/kl_seq", "kl/beta", "test/accuracy", "val/loss", "val/accuracy", "val/reward_margin"):
         if summary.get(key) is not None:
             print(f"{key}: {summary[key]:.4f}")
     print(f"run folder: {summary['run_dir']}")

@@ -1,10 +1,13 @@
 """LightningModules: they orchestrate the functional, data and model layers, one numbered step at a time."""
 
+from lrlhf.modules.dpo import DPOConfig, DPOModule
 from lrlhf.modules.ppo import PPOConfig, PPOModule, RewardAdapter, Rollout
 from lrlhf.modules.reward import RewardConfig, RewardModule, compute_calibration, load_reward_model
 from lrlhf.modules.sft import SFTConfig, SFTModule
 
 __all__ = [
+    "DPOConfig",
+    "DPOModule",
     "PPOConfig",
     "PPOModule",
     "RewardAdapter",

@@ -1,0 +1,146 @@
+"""Best-of-N under a reward model: a baseline without training, and an evaluation of the reward model itself.
+
+For each prompt, sample ``n`` responses from a policy, score each with the proxy (a reward model, or any
+callable), keep the highest-scoring one, and judge the pick (the toy world's gold utility by default). Its KL to
+the sampling policy is, in closed form, ``log n - (n - 1) / n`` (:func:`bon_kl`), which places Best-of-N on the
+same utility-against-KL chart as PPO and DPO.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+import torch
+
+from lrlhf.data.collate import collate_encoded
+from lrlhf.data.records import PromptExample
+from lrlhf.data.tokenize import encode_chat
+from lrlhf.models.generation import SamplingConfig, as_prompt, generate_responses
+
+#: ``(prompts, responses) -> scores``: one float per (prompt, response), in order.
+Scorer = Callable[[Sequence[PromptExample], Sequence[str]], list[float]]
+#: ``(prompt, response) -> utility``: the judge of a picked response.
+Judge = Callable[[PromptExample, str], float]
+
+
+def bon_kl(n: int) -> float:
+    """KL(BoN_n || policy) in nats: ``log n - (n - 1) / n`` (Stiennon et al., 2020, app. G.3; exact for distinct
+    samples, an upper bound otherwise; Beirami et al., 2024). 0 for ``n = 1``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    return math.log(n) - (n - 1) / n
+
+
+def toy_gold_judge(prompt: PromptExample, response: str) -> float:
+    """The toy world's gold utility of ``response`` for the task in ``prompt.meta["task"]``."""
+    from lrlhf.data.toy import gold_utility
+
+    return gold_utility(prompt.meta["task"], response)
+
+
+def reward_model_scorer(reward_model, tokenizer, max_length: int = 1024, batch_size: int = 64) -> Scorer:
+    """A :data:`Scorer` that renders each (prompt, response) as the reward model was trained on it (chat
+    template, the response as one assistant turn, left truncation) and reads :meth:`ScalarModel.score`."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def score(prompts: Sequence[PromptExample], responses: Sequence[str]) -> list[float]:
+        device = next(reward_model.parameters()).device
+        encoded = [
+            encode_chat(tokenizer, p.prompt, [[{"role": "assistant", "content": r}]], max_length=max_length)[0]
+            for p, r in zip(prompts, responses, strict=True)
+        ]
+        scores: list[float] = []
+        for start in range(0, len(encoded), batch_size):
+            batch = collate_encoded(encoded[start:start + batch_size], pad_id)
+            out = reward_model.score(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (b,)
+            scores += out.float().cpu().tolist()
+        return scores
+
+    return score
+
+
+class BestOfN(NamedTuple):
+    """Best-of-``n`` picks for ``P`` prompts, in prompt order.
+
+    Fields:
+        n: samples per prompt.
+        kl: :func:`bon_kl` of ``n`` (nats, per response).
+        responses: ``P`` picked responses.
+        proxy: ``P`` proxy scores of the picks (the maximum of each prompt's scores).
+        gold: ``P`` judge utilities of the picks.
+        all_proxy: ``P`` tuples of ``n`` proxy scores, every sample of the prompt in sampling order.
+        all_gold: ``P`` tuples of ``n`` judge utilities (the picks' and the rest: a BoN curve for every
+            ``m <= n`` can be estimated from them without sampling again).
+    """
+
+    n: int
+    kl: float
+    responses: tuple[str, ...]
+    proxy: tuple[float, ...]
+    gold: tuple[float, ...]
+    all_proxy: tuple[tuple[float, ...], ...]
+    all_gold: tuple[tuple[float, ...], ...]
+
+    @property
+    def gold_mean(self) -> float:
+        return sum(self.gold) / len(self.gold)
+
+    @property
+    def proxy_mean(self) -> float:
+        return sum(self.proxy) / len(self.proxy)
+
+
+def select_best_of_n(
+    prompts: Sequence[PromptExample], responses: Sequence[str], scores: Sequence[float], n: int, judge: Judge
+) -> BestOfN:
+    """Pick, for each prompt, the highest-scoring of its ``n`` samples (the first one on equal scores).
+
+    Args:
+        prompts: ``P`` prompts.
+        responses, scores: ``P * n`` samples and their proxy scores, the ``n`` of a prompt adjacent (rows
+            ``[p * n, (p + 1) * n)``).
+        judge: utility of a (prompt, response) for the picks.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if len(responses) != len(prompts) * n or len(scores) != len(responses):
+        raise ValueError(f"{len(prompts)} prompts x n={n} need {len(prompts) * n} responses and scores, "
+                         f"got {len(responses)} and {len(scores)}")
+    picks, proxy, gold, all_proxy, all_gold = [], [], [], [], []
+    for p, prompt in enumerate(prompts):
+        group = slice(p * n, (p + 1) * n)
+        group_scores = [float(s) for s in scores[group]]
+        group_gold = tuple(judge(prompt, r) for r in responses[group])
+        best = max(range(n), key=lambda i: (group_scores[i], -i))  # first of equal maxima
+        picks.append(responses[group][best])
+        proxy.append(group_scores[best])
+        gold.append(group_gold[best])
+        all_proxy.append(tuple(group_scores))
+        all_gold.append(group_gold)
+    return BestOfN(n, bon_kl(n), tuple(picks), tuple(proxy), tuple(gold), tuple(all_proxy), tuple(all_gold))
+
+
+def best_of_n(
+    policy,
+    tokenizer,
+    prompts: Sequence[PromptExample],
+    scorer: Scorer,
+    n: int,
+    sampling: SamplingConfig,
+    judge: Judge = toy_gold_judge,
+    batch_size: int = 64,
+) -> BestOfN:
+    """Sample ``n`` responses per prompt from ``policy`` (:func:`generate_responses` with ``sampling``,
+    deterministic from its seed), score them with ``scorer``, and pick the best per prompt
+    (:func:`select_best_of_n`). ``sampling.temperature`` must be > 0: greedy decoding gives ``n`` copies."""
+    if sampling.temperature == 0 and n > 1:
+        raise ValueError("best_of_n with n > 1 needs sampling.temperature > 0 (greedy gives n identical responses)")
+    if not prompts:
+        raise ValueError("best_of_n needs at least one prompt")
+    prompts = [as_prompt(p) for p in prompts]
+    repeated = [p for p in prompts for _ in range(n)]  # the n samples of a prompt are adjacent
+    responses = generate_responses(policy, tokenizer, repeated, sampling, batch_size=batch_size)
+    return select_best_of_n(prompts, responses, scorer(repeated, responses), n, judge)

@@ -1,0 +1,232 @@
+"""Direct preference optimisation (Rafailov et al., 2023) with a LoRA policy adapter on a frozen base.
+
+Roles, as in PPO (``docs/architecture.md``): the **policy** is the base (usually the merged SFT model) plus the
+LoRA adapter ``policy``; the **reference** is the same base under :func:`lrlhf.models.reference_mode` (every
+adapter disabled). Reference log-probs are computed in the same step under ``no_grad`` rather than precomputed:
+one extra no-grad forward per batch, no pass over the data before training and no cache to keep in sync with the
+data order or truncation.
+
+Batches are padded pair batches of :class:`lrlhf.data.PreferenceDataModule`: ``2B`` rows, chosen ``[0, B)`` then
+rejected ``[B, 2B)``, ``loss_mask`` on the completion tokens, ``pair_targets`` (B,) = P(chosen wins). The steps of
+:meth:`DPOModule.training_step`:
+
+1. one policy forward over all ``2B`` rows; summed completion log-probs (:meth:`sequence_logprobs`);
+2. one no-grad reference forward over the same rows (:meth:`reference_logprobs`);
+3. drop the ties (``pair_targets == 0.5``: a tie says nothing about which side to raise, and DPO's loss has no
+   symmetric target); every other pair counts as "chosen preferred" (the data module orients pairs that way);
+4. :meth:`compute_loss` (:func:`lrlhf.functional.dpo_loss` with ``beta`` and ``label_smoothing``);
+5. log the loss, implicit rewards, their margin and accuracy, and the policy's chosen/rejected log-prob margins.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import lightning.pytorch as pl
+import torch
+from torch import Tensor, nn
+
+from lrlhf.functional import DPOStats, dpo_loss, masked_sum, token_logprobs
+from lrlhf.models import (
+    LoraSpec,
+    ModelConfig,
+    add_adapters,
+    export_adapter,
+    export_merged,
+    load_causal_lm,
+    load_tokenizer,
+    reference_mode,
+)
+from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
+from lrlhf.modules.sft import ExportPaths
+
+TIE = 0.5
+
+
+# ---------------------------------------------------------------------------------------------- config
+@dataclass
+class DPOConfig:
+    """Hyperparameters of DPO (``dpo.*``; gradient clipping and accumulation are the Trainer's)."""
+
+    beta: float = 0.1
+    """Strength of the implicit KL constraint: the implicit reward is ``beta * (log pi - log ref)``."""
+    label_smoothing: float = 0.0
+    """Assumed probability that a label is flipped (conservative DPO), in [0, 0.5); 0 = the original loss."""
+    lr: float = 5e-4
+    """Peak learning rate of AdamW (over the adapter only)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay, applied to matrices only."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    warmup_steps: int = 0
+    """Optimiser steps of linear warmup."""
+    scheduler: str = "cosine"
+    """Learning-rate schedule after warmup: a name in :data:`SCHEDULERS`."""
+    total_steps: int | None = None
+    """Length of the schedule in optimiser steps; None = the Trainer's ``estimated_stepping_batches``."""
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    """The policy adapter; the base stays frozen and, with adapters disabled, is the reference."""
+    adapter_name: str = "policy"
+    """Name of the policy adapter (``policy``, as in PPO)."""
+
+    def __post_init__(self):
+        if isinstance(self.lora, dict):  # from a YAML/Hydra config
+            self.lora = LoraSpec(**self.lora)
+        self.betas = tuple(self.betas)
+        checks = [
+            ("beta", self.beta > 0, "must be > 0"),
+            ("label_smoothing", 0.0 <= self.label_smoothing < 0.5, "must be in [0, 0.5)"),
+            ("lr", self.lr > 0, "must be > 0"),
+            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
+            ("betas", len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "must be two values in [0, 1)"),
+            ("eps", self.eps > 0, "must be > 0"),
+            ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
+            ("scheduler", self.scheduler in SCHEDULERS, f"must be one of {sorted(SCHEDULERS)}"),
+            ("total_steps", self.total_steps is None or self.total_steps > 0, "must be > 0 or None"),
+            ("lora", isinstance(self.lora, LoraSpec),
+             "must be a LoRA spec (the reference is the base with the adapter disabled)"),
+            ("adapter_name", bool(self.adapter_name), "must be a non-empty name"),
+        ]
+        for key, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"dpo.{key} {rule}, got {getattr(self, key)!r}")
+
+
+class PairLogprobs(NamedTuple):
+    """Summed completion log-probs of a pair batch, split by side.
+
+    Fields (B pairs):
+        chosen: ``(B,)`` sum over the chosen completion's target tokens.
+        rejected: ``(B,)`` the same for the rejected completion.
+    """
+
+    chosen: Tensor
+    rejected: Tensor
+
+
+# ---------------------------------------------------------------------------------------------- module
+class DPOModule(pl.LightningModule):
+    """DPO on pair batches of :class:`lrlhf.data.PreferenceDataModule` (padded, not packed).
+
+    Args:
+        model: a :class:`ModelConfig` (loaded in :meth:`configure_model`) or a ready causal LM without adapters.
+        tokenizer: saved by :meth:`export`; loaded from a ``ModelConfig`` when None.
+        config: hyperparameters (:class:`DPOConfig`, or a dict of its fields).
+
+    Hooks to override: :meth:`sequence_logprobs` (summed completion log-probs of a batch), :meth:`compute_loss`.
+    """
+
+    def __init__(self, model: ModelConfig | nn.Module, tokenizer=None, config: DPOConfig | dict | None = None):
+        super().__init__()
+        self.config = config if isinstance(config, DPOConfig) else DPOConfig(**(config or {}))
+        self.model_config = model if isinstance(model, ModelConfig) else None
+        self.model: nn.Module | None = None
+        if self.model_config is None:
+            self.model = self._with_adapter(model)
+        if tokenizer is None and self.model_config is not None:
+            tokenizer = load_tokenizer(self.model_config)
+        self.tokenizer = tokenizer
+        hparams = {"dpo": asdict(self.config)}
+        if self.model_config is not None:
+            hparams["model"] = asdict(self.model_config)
+        self.save_hyperparameters(hparams)
+
+    # ---------------------------------------------------------------------------------- model setup
+    def _with_adapter(self, model: nn.Module) -> nn.Module:
+        return add_adapters(model, {self.config.adapter_name: self.config.lora})
+
+    def configure_model(self) -> None:
+        """Load the base and add the policy adapter (idempotent; call it to use the module outside a Trainer)."""
+        if self.model is None:
+            self.model = self._with_adapter(load_causal_lm(self.model_config))
+
+    # ------------------------------------------------------------------------------ hooks to override
+    def sequence_logprobs(self, batch: dict[str, Tensor]) -> PairLogprobs:
+        """Summed log-probs of each row's completion under the active model, in ONE forward over ``2B`` rows.
+
+        ``logits[:, t]`` predicts ``input_ids[:, t + 1]`` and ``loss_mask[:, t + 1]`` marks it a target, so both
+        shift by one (as in SFT). Differentiable unless called under ``no_grad``.
+        """
+        if "attention_mask" not in batch or "pair_targets" not in batch:
+            raise ValueError("DPOModule needs padded pair batches (PreferenceDataModule with packing=False)")
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (2B, T, V)
+        logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])  # (2B, T - 1)
+        sums = masked_sum(logprobs, batch["loss_mask"][:, 1:], dim=1)  # (2B,)
+        n_pairs = batch["pair_targets"].shape[0]
+        return PairLogprobs(sums[:n_pairs], sums[n_pairs:])
+
+    @torch.no_grad()
+    def reference_logprobs(self, batch: dict[str, Tensor]) -> PairLogprobs:
+        """:meth:`sequence_logprobs` under the reference (the base with every adapter disabled), no graph."""
+        with reference_mode(self.model):
+            return self.sequence_logprobs(batch)
+
+    def compute_loss(self, policy: PairLogprobs, reference: PairLogprobs) -> tuple[Tensor, DPOStats]:
+        """:func:`dpo_loss` over the (non-tie) pairs given: a scalar and the detached statistics."""
+        return dpo_loss(policy.chosen, policy.rejected, reference.chosen, reference.rejected,
+                        beta=self.config.beta, label_smoothing=self.config.label_smoothing)
+
+    # ------------------------------------------------------------------------------------- steps
+    def shared_step(self, batch: dict[str, Tensor], prefix: str) -> Tensor:
+        # 1. policy: one forward over chosen + rejected
+        policy = self.sequence_logprobs(batch)
+        # 2. reference: the same rows with the adapter disabled, no grad
+        reference = self.reference_logprobs(batch)
+        # 3. ties carry no direction: left out of the loss (a batch of ties only gives a zero loss, zero gradient)
+        kept = batch["pair_targets"] != TIE  # (B,)
+        n_kept = int(kept.sum())
+        if n_kept == 0:
+            loss = policy.chosen.sum() * 0.0
+            self.log(f"{prefix}/loss", loss, batch_size=1)
+            return loss
+        policy = PairLogprobs(policy.chosen[kept], policy.rejected[kept])
+        reference = PairLogprobs(reference.chosen[kept], reference.rejected[kept])
+        # 4. the DPO loss
+        loss, stats = self.compute_loss(policy, reference)
+        # 5. log (means over the kept pairs; Lightning weights epoch means by batch_size)
+        metrics = {
+            "loss": loss.detach(),
+            "rewards_chosen": stats.chosen_rewards.mean(),
+            "rewards_rejected": stats.rejected_rewards.mean(),
+            "reward_margin": stats.reward_margin,
+            "accuracy": stats.accuracy,
+            "logps_chosen": policy.chosen.detach().mean(),
+            "logps_rejected": policy.rejected.detach().mean(),
+            "logp_margin": (policy.chosen - policy.rejected).detach().mean(),
+            "ref_logp_margin": (reference.chosen - reference.rejected).mean(),
+        }
+        on_step = prefix == "train"
+        for name, value in metrics.items():
+            self.log(f"{prefix}/{name}", value, batch_size=n_kept, on_step=on_step, on_epoch=not on_step,
+                     prog_bar=name in ("loss", "accuracy"))
+        self.log(f"{prefix}/ties_dropped", float(kept.numel() - n_kept), batch_size=1, on_step=on_step,
+                 on_epoch=not on_step, reduce_fx="sum")
+        return loss
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        return self.shared_step(batch, "train")
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        self.shared_step(batch, "val")
+
+    # ----------------------------------------------------------------------------------- optimiser
+    def configure_optimizers(self):
+        cfg = self.config
+        return adamw_with_schedule(
+            self, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps, scheduler=cfg.scheduler,
+            warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps or int(self.trainer.estimated_stepping_batches),
+        )
+
+    # -------------------------------------------------------------------------------------- export
+    def export(self, out_dir: str | Path) -> ExportPaths:
+        """Write ``out_dir/merged`` (the adapter merged into a copy of the base, plain transformers + tokenizer)
+        and ``out_dir/adapter`` (``PeftModel.from_pretrained(base, out_dir/adapter)``). The live model keeps its
+        adapter."""
+        out_dir = Path(out_dir)
+        name = self.config.adapter_name
+        merged = export_merged(self.model, out_dir / "merged", self.tokenizer, adapter=name)
+        return ExportPaths(merged, export_adapter(self.model, out_dir / "adapter", name, self.tokenizer))
