@@ -89,14 +89,18 @@ def is_fsdp_wrapped(module: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def full_params_for_generation(root: nn.Module | None) -> Iterator[None]:
-    """Unshard the parameters held by FSDP1's root unit ``root`` while the block runs (no-op when ``root`` is None
-    or not an FSDP unit), so ``model.generate`` sees 2-D weights ("'weight' must be 2-D" otherwise).
+    """Unshard the parameters held by FSDP1's root unit ``root`` while the block runs, so ``model.generate``
+    on the inner module sees 2-D weights ("'weight' must be 2-D" otherwise). A no-op when ``root`` is None or
+    not an FSDP unit, or inside the root's forward (Lightning runs ``training_step`` there: the root's
+    parameters are unsharded already, and FSDP forbids ``summon_full_params`` then).
 
     ``recurse=False``: the nested units (the decoder layers) unshard themselves in their own forward, so the
     memory peak is the root's parameters (embeddings, head, norms) plus one layer. ``writeback=False``: nothing
     is trained inside.
     """
-    if not isinstance(root, FullyShardedDataParallel):
+    from torch.distributed.fsdp._common_utils import TrainingState
+
+    if not isinstance(root, FullyShardedDataParallel) or root.training_state != TrainingState.IDLE:
         yield
         return
     with FullyShardedDataParallel.summon_full_params(root, writeback=False, recurse=False):

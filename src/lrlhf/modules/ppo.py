@@ -81,6 +81,7 @@ from lrlhf.models.heads import decoder
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
 from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.samples import log_table, sample_table
+from lrlhf.strategies import full_params_for_generation
 from lrlhf.utils.distributed import any_across_ranks, global_all_reduce, global_weighted_mean
 
 ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo")
@@ -433,14 +434,16 @@ class PPOModule(pl.LightningModule):
         :meth:`policy_forward` scores. Uses the global torch RNG (seeded by ``seed_everything``).
         """
         self._use_adapter(POLICY)
-        out = self.model.generate(
-            input_ids=query_ids,
-            attention_mask=query_mask,
-            pad_token_id=self.pad_token_id,
-            eos_token_id=self.eos_token_ids,
-            repetition_penalty=1.0,
-            **self.config.sampling.generate_kwargs(),
-        )  # (B, P + R)
+        fsdp_root = self._trainer.strategy.model if self._trainer is not None else None
+        with full_params_for_generation(fsdp_root):  # FSDP1 outside the root's forward: unshard the root unit
+            out = self.model.generate(
+                input_ids=query_ids,
+                attention_mask=query_mask,
+                pad_token_id=self.pad_token_id,
+                eos_token_id=self.eos_token_ids,
+                repetition_penalty=1.0,
+                **self.config.sampling.generate_kwargs(),
+            )  # (B, P + R)
         return out[:, query_ids.shape[1]:]
 
     @torch.no_grad()
