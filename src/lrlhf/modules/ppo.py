@@ -81,8 +81,11 @@ from lrlhf.models.heads import decoder
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
 from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.samples import log_table, sample_table
+from lrlhf.strategies import full_params_for_generation
+from lrlhf.utils.distributed import any_across_ranks, global_all_reduce, global_weighted_mean
 
 ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo")
+WHITEN_SCOPES = ("global", "local")
 
 
 @dataclass(frozen=True)
@@ -124,6 +127,9 @@ class PPOConfig:
     """GAE lambda."""
     whiten_advantages: bool = True
     """Whiten GAE advantages over the rollout's valid actions (RLOO/GRPO advantages are used as they are)."""
+    whiten_scope: str = "global"
+    """Statistics of the whitening across data-parallel ranks: ``global`` (all-reduced: the mean and variance
+    of the whole global rollout, as one process would compute them) or ``local`` (each rank its own rows)."""
     # update
     ppo_epochs: int = 4
     """Passes over each rollout."""
@@ -184,6 +190,7 @@ class PPOConfig:
              f"must be >= 2 for advantage_estimator={self.advantage_estimator!r}"),
             ("gamma", 0 <= self.gamma <= 1, "must be in [0, 1]"),
             ("lam", 0 <= self.lam <= 1, "must be in [0, 1]"),
+            ("whiten_scope", self.whiten_scope in WHITEN_SCOPES, f"must be one of {list(WHITEN_SCOPES)}"),
             ("ppo_epochs", self.ppo_epochs >= 1, "must be >= 1"),
             ("minibatch_size", self.minibatch_size >= 1, "must be >= 1"),
             ("forward_batch_size", self.forward_batch_size >= 1, "must be >= 1"),
@@ -427,14 +434,16 @@ class PPOModule(pl.LightningModule):
         :meth:`policy_forward` scores. Uses the global torch RNG (seeded by ``seed_everything``).
         """
         self._use_adapter(POLICY)
-        out = self.model.generate(
-            input_ids=query_ids,
-            attention_mask=query_mask,
-            pad_token_id=self.pad_token_id,
-            eos_token_id=self.eos_token_ids,
-            repetition_penalty=1.0,
-            **self.config.sampling.generate_kwargs(),
-        )  # (B, P + R)
+        fsdp_root = self._trainer.strategy.model if self._trainer is not None else None
+        with full_params_for_generation(fsdp_root):  # FSDP1 outside the root's forward: unshard the root unit
+            out = self.model.generate(
+                input_ids=query_ids,
+                attention_mask=query_mask,
+                pad_token_id=self.pad_token_id,
+                eos_token_id=self.eos_token_ids,
+                repetition_penalty=1.0,
+                **self.config.sampling.generate_kwargs(),
+            )  # (B, P + R)
         return out[:, query_ids.shape[1]:]
 
     @torch.no_grad()
@@ -465,15 +474,19 @@ class PPOModule(pl.LightningModule):
     def compute_advantages(self, rewards: Tensor, values: Tensor, action_mask: Tensor) -> tuple[Tensor, Tensor]:
         """``(advantages, returns)``, ``(B, R)`` each.
 
-        ``gae``: masked GAE, advantages whitened over valid actions when configured (and at least two exist).
+        ``gae``: masked GAE, advantages whitened over valid actions when configured (and at least two exist),
+        with the statistics of every rank's rollout (``whiten_scope="global"``, a collective) or this rank's.
         ``rloo`` / ``grpo``: the sequence reward (sum of the shaped rewards: score - beta * KL) of each sample
         against its prompt's group, broadcast to every valid action; returns are then 0 (no critic).
         """
         cfg = self.config
         if cfg.advantage_estimator == "gae":
             advantages, returns = gae(rewards, values, action_mask, cfg.gamma, cfg.lam)
-            if cfg.whiten_advantages and action_mask.sum() >= 2:
-                advantages = masked_whiten(advantages, action_mask)
+            if cfg.whiten_advantages:
+                all_reduce = global_all_reduce() if cfg.whiten_scope == "global" else None
+                count = action_mask.sum().to(advantages.dtype).reshape(1)
+                if (all_reduce(count) if all_reduce is not None else count) >= 2:  # the same answer on every rank
+                    advantages = masked_whiten(advantages, action_mask, all_reduce=all_reduce)
             return advantages, returns
         estimator = rloo_advantages if cfg.advantage_estimator == "rloo" else grpo_advantages
         sequence = estimator(masked_sum(rewards, action_mask, dim=1), cfg.samples_per_prompt)  # (B,)
@@ -489,8 +502,10 @@ class PPOModule(pl.LightningModule):
         return value_loss(values, old_values, returns, action_mask, self.config.value_clip_eps)
 
     def update_kl_controller(self, stats: dict[str, float]) -> None:
-        """Feed the rollout's mean per-sequence KL to the controller (a no-op for the fixed one)."""
-        self.kl_controller.update(stats["rollout/kl_seq"], n_steps=int(stats["rollout/size"]))
+        """Feed the mean per-sequence KL of the global rollout (every rank's rows) to the controller, so that
+        beta stays identical on every rank (a no-op for the fixed controller)."""
+        kl_seq, size = global_weighted_mean(stats["rollout/kl_seq"], stats["rollout/size"])
+        self.kl_controller.update(kl_seq, n_steps=int(size))
 
     # ------------------------------------------------------------------------------------- rollout
     @torch.no_grad()
@@ -541,7 +556,7 @@ class PPOModule(pl.LightningModule):
         rollout = self.make_rollout(batch)
         stats = self.rollout_stats(rollout)
         # 7. update epochs on the frozen rollout
-        if rollout.action_mask.any():
+        if any_across_ranks(bool(rollout.action_mask.any())):  # ranks step together (DDP/FSDP collectives)
             stats.update(self.update(rollout))
         else:
             stats["rollout/skipped_update"] = 1.0  # no action to learn from (every response empty)
@@ -549,7 +564,7 @@ class PPOModule(pl.LightningModule):
         optimizer = self.optimizers()
         stats["lr"] = optimizer.param_groups[0]["lr"]
         stats["kl/beta"] = float(self.kl_controller.value)
-        self.log_dict(stats, batch_size=len(rollout))
+        self.log_stats(stats, batch_size=len(rollout))
         self.update_kl_controller(stats)
         self.rollouts_done += 1
         every = self.config.sample_every_n_rollouts
@@ -604,6 +619,16 @@ class PPOModule(pl.LightningModule):
         out = {k: (v if k == "ppo/ratio_max" else v / count) for k, v in sums.items()}
         out["ppo/optimizer_steps"] = float(count)
         return out
+
+    #: Statistics that are not means: reduced across ranks with their own operation when logged.
+    STAT_REDUCTIONS = {"rollout/size": "sum", "rollout/truncated": "sum", "ppo/ratio_max": "max"}
+
+    def log_stats(self, stats: dict[str, float], batch_size: int) -> None:
+        """Log ``stats`` synced across ranks: means averaged (``sync_dist``), counts summed, maxima maxed."""
+        for op in ("mean", *sorted(set(self.STAT_REDUCTIONS.values()))):
+            part = {k: v for k, v in stats.items() if self.STAT_REDUCTIONS.get(k, "mean") == op}
+            if part:
+                self.log_dict(part, batch_size=batch_size, sync_dist=True, reduce_fx=op)
 
     def rollout_stats(self, rollout: Rollout) -> dict[str, float]:
         """Per-rollout statistics: scores, KL, rewards, lengths, EOS rate, explained variance."""
@@ -685,4 +710,4 @@ def check_finite(rollout: Rollout, index: int) -> None:
             )
 
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "PPOConfig", "PPOModule", "Rollout", "check_finite"]
+__all__ = ["ADVANTAGE_ESTIMATORS", "WHITEN_SCOPES", "PPOConfig", "PPOModule", "Rollout", "check_finite"]
