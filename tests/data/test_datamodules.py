@@ -209,3 +209,15 @@ def test_tokenizer_from_path(chatml, tmp_path):
     dm = SFTDataModule(str(tmp_path / "tok"), train=sft_records(2), batch_size=2, max_length=32)
     batch = next(iter(dm.train_dataloader()))
     assert batch["loss_mask"].sum().item() == 4
+
+
+def test_preference_datamodule_reads_a_ranking_file_by_path(chatml, tmp_path):
+    import json
+
+    path = tmp_path / "ranks.jsonl"
+    rows = [{"prompt": "hi", "completions": ["a", "b", "c"], "ranks": [2, 1, 3]}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    dm = PreferenceDataModule(chatml, train=str(path), batch_size=1, max_length=32)
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["group"].tolist() == [0, 0, 0] and batch["ranks"].tolist() == [2, 1, 3]
+    assert dm.stats["train"].kind == "ranking"

@@ -413,3 +413,28 @@ def test_bad_labels_are_named(tmp_path, extra, expected):
 def test_hh_transcript_without_markers_is_an_error(tmp_path):
     with pytest.raises(DataFormatError, match=r"data\.jsonl:1: field 'chosen' is not an HH transcript"):
         load(tmp_path, [{"chosen": "Human: hi Assistant: yo", "rejected": HH_REJECTED}], "preference")
+
+
+# --- several kinds -------------------------------------------------------------------------------------
+
+
+def test_several_kinds_read_the_first_that_matches(tmp_path):
+    pair = {"prompt": "p", "chosen": "a", "rejected": "b"}
+    ranking = {"prompt": "p", "completions": ["a", "b", "c"], "ranks": [1, 2, 2]}
+    records, summary = load(tmp_path, [pair], ("preference", "ranking"))
+    assert (summary.kind, summary.format) == ("preference", "pairwise") and isinstance(records[0], PreferencePair)
+    records, summary = load(tmp_path, [ranking], ("preference", "ranking"))
+    assert (summary.kind, summary.format) == ("ranking", "ranking")
+    assert records[0].ranks == [1, 2, 2] and len(records[0].completions) == 3
+    records, summary = load(tmp_path, [ranking], ("preference", "ranking"), format="ranking")
+    assert summary.kind == "ranking"
+
+
+def test_several_kinds_errors_name_every_kind(tmp_path):
+    with pytest.raises(DataFormatError) as error:
+        load(tmp_path, [{"question": "q"}], ("preference", "ranking"))
+    message = str(error.value)
+    assert message.startswith(f"{tmp_path / 'data.jsonl'}:1: cannot detect the preference or ranking format")
+    assert "['question']" in message and "ranking: ranking (prompt, completions, ranks)" in message
+    with pytest.raises(DataFormatError, match="unknown format 'alpaca' for preference or ranking records"):
+        load(tmp_path, [{"question": "q"}], ("preference", "ranking"), format="alpaca")

@@ -97,7 +97,7 @@ class ChatDataModule(pl.LightningDataModule):
         split_fractions: shares of a shared source per split (renormalised over the splits that share it).
     """
 
-    record_kind = ""  # the ``kind`` argument of load_records
+    record_kind: str | tuple[str, ...] = ""  # the ``kind`` argument of load_records
     supports_packing = False
 
     def __init__(
@@ -300,7 +300,7 @@ class PreferenceDataModule(ChatDataModule):
     The record type decides: every record of a split must be a ``PreferencePair`` or every one a ``Ranking``.
     """
 
-    record_kind = "preference"
+    record_kind = ("preference", "ranking")  # a source is read as pairs or, failing that, as rankings
     supports_packing = True
 
     def setup(self, stage: str | None = None) -> None:

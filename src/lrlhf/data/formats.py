@@ -47,7 +47,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -446,6 +446,26 @@ def choose_format(kind: str, format: str, first_row: dict[str, Any] | None, wher
                           f"supported {kind} formats: {supported_formats(kind)}. Pass format= to choose one.")
 
 
+def _choose_kind(kinds: tuple[str, ...], format: str, first_row: dict[str, Any], where: str) -> tuple[str, Format]:
+    """The first of ``kinds`` that can read ``first_row`` (auto) or that has ``format``, with that format."""
+    if len(kinds) == 1:
+        return kinds[0], choose_format(kinds[0], format, first_row, where)
+    for kind in kinds:
+        formats = _formats_of(kind)
+        if format != "auto" and format in formats:
+            return kind, formats[format]
+        if format == "auto":
+            for fmt in formats.values():
+                if fmt.matches(first_row):
+                    return kind, fmt
+    if format != "auto":
+        known = ", ".join(f"{k}: {', '.join(_formats_of(k))}" for k in kinds)
+        raise DataFormatError(f"unknown format {format!r} for {' or '.join(kinds)} records; supported: auto; {known}")
+    supported = " | ".join(f"{k}: {supported_formats(k)}" for k in kinds)
+    raise DataFormatError(f"{where}: cannot detect the {' or '.join(kinds)} format from the first record's keys "
+                          f"{sorted(first_row)}; supported formats: {supported}. Pass format= to choose one.")
+
+
 def read_record(row: dict[str, Any], kind: str, format: str = "auto", *, where: str = "record",
                 source: str = "") -> Record:
     """Normalise one row (no filtering, no counting); raises ``SkipRecord`` for a no-shared-prefix pair."""
@@ -463,7 +483,7 @@ def _filter_reason(record: Record, drop_identical: bool) -> str | None:
 
 def load_records(
     source: str | Path,
-    kind: str,
+    kind: str | Sequence[str],
     *,
     format: str = "auto",
     split: str | None = None,
@@ -474,6 +494,9 @@ def load_records(
 ) -> tuple[list[Record], DataSummary]:
     """Read ``source`` as records of ``kind`` (``sft``, ``preference``, ``ranking``, ``prompt``).
 
+    ``kind`` may be a sequence of kinds (e.g. ``("preference", "ranking")``): the first kind with a format
+    matching the first record (or, for an explicit ``format``, the first kind that has it) reads the source.
+
     ``source`` is a local ``.json`` / ``.jsonl`` / ``.jsonl.gz`` / ``.parquet`` file, or anything
     ``datasets.load_dataset`` takes (then ``split`` (default ``"train"``), ``data_files`` and
     ``load_kwargs`` go to it). ``format="auto"`` detects the format from the first record's keys.
@@ -481,11 +504,15 @@ def load_records(
     ``verbose``, and returned. Raises ``DataFormatError`` on bad input and ``EmptyDatasetError`` when no
     record is left.
     """
-    _formats_of(kind)
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+    if not kinds:
+        raise ValueError("load_records: kind is empty")
+    for each in kinds:
+        _formats_of(each)
     rows, name = read_rows(source, split=split, data_files=data_files, **load_kwargs)
     if not rows:
-        DataSummary(source=name, kind=kind, format=format).raise_if_empty()
-    fmt = choose_format(kind, format, rows[0].row, rows[0].where)
+        DataSummary(source=name, kind="/".join(kinds), format=format).raise_if_empty()
+    kind, fmt = _choose_kind(kinds, format, rows[0].row, rows[0].where)
     summary = DataSummary(source=name, kind=kind, format=fmt.name)
     records: list[Record] = []
     for raw in rows:
