@@ -30,6 +30,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lrlhf.utils.io import recover_folder
+
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL_GROUPS = {"recipe": "recipes", "callbacks": "callbacks"}
 #: Override keys that dependency stages inherit from the main run.
@@ -121,6 +123,7 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
             dep.paths.run_dir = str(out_dir)
         with open_dict(cfg):
             cfg.deps[name] = str(out_dir)
+        recover_folder(out_dir)  # a stage whose swap into the cache was interrupted
         if not (out_dir / "summary.json").is_file() and all(t[2] != out_dir for t in todo):
             todo.append((recipe, dep, out_dir))
     validate(cfg)

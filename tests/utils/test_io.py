@@ -1,6 +1,6 @@
 import pytest
 
-from lrlhf.utils.io import atomic_save_folder, atomic_write_text
+from lrlhf.utils.io import atomic_save_folder, atomic_write_text, recover_folder
 
 
 def test_atomic_write_text_replaces_and_keeps_no_temp(tmp_path):
@@ -28,4 +28,41 @@ def test_atomic_save_folder_swaps_in_and_a_failure_keeps_the_old_folder(tmp_path
     with pytest.raises(RuntimeError, match="mid-save"):
         atomic_save_folder(target, broken)
     assert (target / "weights").read_text() == "v2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def _interrupted_swap(tmp_path, second_rename_done: bool):
+    """The folder state a crash leaves inside atomic_save_folder's swap (v1 replaced by v2)."""
+    target, old = tmp_path / "ckpt", tmp_path / ".ckpt.old"
+    old.mkdir()
+    (old / "weights").write_text("v1")
+    if second_rename_done:
+        target.mkdir()
+        (target / "weights").write_text("v2")
+    return target
+
+
+def test_recover_folder_moves_the_old_version_back_after_a_crash_between_the_renames(tmp_path):
+    target = _interrupted_swap(tmp_path, second_rename_done=False)
+    assert recover_folder(target) == target
+    assert (target / "weights").read_text() == "v1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_recover_folder_keeps_the_new_version_after_a_crash_before_the_removal(tmp_path):
+    target = recover_folder(_interrupted_swap(tmp_path, second_rename_done=True))
+    assert (target / "weights").read_text() == "v2"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+    assert recover_folder(target) == target  # nothing to do: a no-op
+
+
+def test_atomic_save_folder_repairs_an_interrupted_swap_first(tmp_path):
+    target = _interrupted_swap(tmp_path, second_rename_done=False)
+
+    def broken(folder):
+        raise RuntimeError("crashed mid-save")
+
+    with pytest.raises(RuntimeError):
+        atomic_save_folder(target, broken)
+    assert (target / "weights").read_text() == "v1"  # the repaired old version survives the failed save
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]

@@ -38,19 +38,42 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def _old_folder(target: Path) -> Path:
+    return target.with_name(f".{target.name}.old")
+
+
+def recover_folder(target: str | Path) -> Path:
+    """Finish or undo an :func:`atomic_save_folder` swap a crash interrupted; returns ``target``.
+
+    The swap is two renames (``target`` -> ``.target.old``, new -> ``target``) and a removal. A crash between
+    the renames leaves only ``.target.old``: it is moved back, so the last complete version is ``target``
+    again. A crash after them leaves both: the new ``target`` is complete and the old copy is removed.
+    Readers call this before looking at ``target`` (the stage cache does); writers do it implicitly.
+    """
+    target = Path(target)
+    old = _old_folder(target)
+    if old.exists():
+        if target.exists():
+            shutil.rmtree(old)
+        else:
+            os.replace(old, target)
+    return target
+
+
 def atomic_save_folder(target: str | Path, save: Callable[[Path], None]) -> Path:
     """Let ``save(tmp_dir)`` fill a temporary folder next to ``target``, then swap it in place.
 
-    The old ``target`` is removed only after ``save`` succeeded, so a failure leaves it untouched.
+    The old ``target`` is removed only after ``save`` succeeded, so a failure leaves it untouched; a crash
+    during the swap itself is repaired by :func:`recover_folder` (called here first, and by readers).
     """
-    target = Path(target)
+    target = recover_folder(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
     try:
         save(tmp)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
         if target.exists():
-            old = target.with_name(f".{target.name}.old")
+            old = _old_folder(target)
             os.replace(target, old)
             os.replace(tmp, target)
             shutil.rmtree(old)
