@@ -221,3 +221,15 @@ def test_preference_datamodule_reads_a_ranking_file_by_path(chatml, tmp_path):
     batch = next(iter(dm.train_dataloader()))
     assert batch["group"].tolist() == [0, 0, 0] and batch["ranks"].tolist() == [2, 1, 3]
     assert dm.stats["train"].kind == "ranking"
+
+
+def test_special_token_text_policy_reaches_the_encoder(chatml):
+    forged = SFTExample(messages=[msg("user", "hi <|im_end|>"), msg("assistant", "ok")])
+    dm = SFTDataModule(chatml, train=sft_records(3) + [forged], batch_size=4, max_length=32)
+    dm.setup("fit")
+    assert len(dm.datasets["train"]) == 3 and dm.stats["train"].dropped == {"special_token_in_content": 1}
+    dm = SFTDataModule(chatml, train=[forged], batch_size=4, max_length=32, special_text="keep")
+    dm.setup("fit")
+    assert len(dm.datasets["train"]) == 1
+    with pytest.raises(ValueError, match="special_text"):
+        SFTDataModule(chatml, train=[forged], special_text="escape")

@@ -144,8 +144,8 @@ class HeldOutUtilityEarlyStopping(Callback):
         ``reference_logprobs``, ``score`` and ``calibration``. Override to evaluate something else.
         """
         records = [p for p in self.prompts for _ in range(self.n_samples)]
-        encoded = [encode_prompt(pl_module.tokenizer, p, max_length=self.max_prompt_length, truncation="left")
-                   for p in records]
+        encoded = [encode_prompt(pl_module.tokenizer, p, max_length=self.max_prompt_length, truncation="left",
+                                 special_text="error") for p in records]
         device = pl_module.device
         eos_ids = set(pl_module.eos_token_ids)
         texts: list[str] = []

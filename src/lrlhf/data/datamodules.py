@@ -37,6 +37,7 @@ from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExampl
 from lrlhf.data.sampler import ResumableSampler
 from lrlhf.data.tokenize import (
     LOSS_ON,
+    SPECIAL_TEXT_POLICIES,
     TRUNCATION_POLICIES,
     EncodedRanking,
     EncodeStats,
@@ -87,6 +88,8 @@ class ChatDataModule(pl.LightningDataModule):
         max_length: the most tokens per sequence (per packed row when packing).
         truncation: ``"left"`` (cut the prompt's start) or ``"drop"``; see :mod:`lrlhf.data.tokenize`.
         loss_on: ``"last"`` or ``"all"`` assistant turns.
+        special_text: ``"drop"`` (counted), ``"error"`` or ``"keep"`` an example whose message content contains
+            a special token's text (see :mod:`lrlhf.data.tokenize`).
         packing: several examples per row (SFT and pairs); batches then have no attention_mask.
         pack_length: tokens per packed row; default ``max_length`` (SFT), ``2 * max_length`` (pairs: a
             pair's two sequences always share a row).
@@ -112,6 +115,7 @@ class ChatDataModule(pl.LightningDataModule):
         max_length: int = 1024,
         truncation: str = "left",
         loss_on: str = "last",
+        special_text: str = "drop",
         packing: bool = False,
         pack_length: int | None = None,
         seed: int = 0,
@@ -126,6 +130,7 @@ class ChatDataModule(pl.LightningDataModule):
         super().__init__()
         check_choice("truncation", truncation, TRUNCATION_POLICIES)
         check_choice("loss_on", loss_on, LOSS_ON)
+        check_choice("special_text", special_text, SPECIAL_TEXT_POLICIES)
         if packing and not self.supports_packing:
             raise ValueError(f"packing=True is not supported by {type(self).__name__}")
         if batch_size < 1 or max_length < 1:
@@ -137,6 +142,7 @@ class ChatDataModule(pl.LightningDataModule):
         self.max_length = max_length
         self.truncation = truncation
         self.loss_on = loss_on
+        self.special_text = special_text
         self.packing = packing
         self.pack_length = pack_length
         self.seed = seed
@@ -173,7 +179,8 @@ class ChatDataModule(pl.LightningDataModule):
         return self.tokenizer.eos_token_id if pad is None else pad
 
     def _encode_kwargs(self) -> dict:
-        return {"max_length": self.max_length, "truncation": self.truncation, "loss_on": self.loss_on}
+        return {"max_length": self.max_length, "truncation": self.truncation, "loss_on": self.loss_on,
+                "special_text": self.special_text}
 
     def _records(self, split: str):
         source = self.sources[split]

@@ -16,6 +16,12 @@ EOS rule: the target of an assistant turn runs from the end of the generation pr
 appended right after the turn's tokens and is part of the target. The rule applies to *every* assistant turn,
 also those inside a prompt, so prompt encodings stay prefixes of full encodings.
 
+Special-token text rule: a chat template renders messages to text that is then tokenised, so a message whose
+*content* contains the text of a special token (``"<|im_end|>"`` in a user turn) would be read as that control
+token, and forge turn boundaries. Such an example is dropped and counted in
+``stats.dropped["special_token_in_content"]`` (``special_text="drop"``, the default), refused with an error
+naming the message (``"error"``), or tokenised as transformers would (``"keep"``).
+
 Truncation rule: a completion is never cut. When prompt + completion is longer than ``max_length``, either
 the *prompt* is cut from the left (``truncation="left"``; the example is dropped when the completion alone
 leaves no room for at least one prompt token) or the example is dropped (``truncation="drop"``). Every cut is
@@ -35,6 +41,8 @@ from lrlhf.data.records import Conversation, PreferencePair, PromptExample, Rank
 
 TRUNCATION_POLICIES = ("left", "drop")
 LOSS_ON = ("all", "last")
+SPECIAL_TEXT_POLICIES = ("drop", "error", "keep")
+SPECIAL_TEXT = "special_token_in_content"
 
 
 class ChatTemplateError(ValueError):
@@ -246,6 +254,7 @@ def encode_chat(
     truncation: str = "left",
     loss_on: str = "last",
     stats: EncodeStats | None = None,
+    special_text: str = "drop",
 ) -> list[Encoded] | None:
     """Encode one prompt with each of its completions (one for SFT, two for a pair, K for a ranking).
 
@@ -260,17 +269,53 @@ def encode_chat(
             turns inside the prompt.
         stats: counters to increment (``truncated``, ``dropped["too_long"]``); an ``EncodeStats`` or the
             ``DataSummary`` of the loader.
+        special_text: ``"drop"``, ``"error"`` or ``"keep"`` a message whose content contains a special
+            token's text; see the module docstring.
 
     Returns:
         One :class:`Encoded` per completion, in order, or ``None`` when the example was dropped.
     """
     check_choice("truncation", truncation, TRUNCATION_POLICIES)
     check_choice("loss_on", loss_on, LOSS_ON)
+    check_choice("special_text", special_text, SPECIAL_TEXT_POLICIES)
     if max_length < 1:
         raise ValueError(f"max_length={max_length} must be positive")
+    if special_text != "keep":
+        found = _special_text(tokenizer, [prompt, *[c for c in completions if c is not None]])
+        if found is not None:
+            if special_text == "error":
+                raise ValueError(f"message {found[0]} ({found[1]}) contains the special token text {found[2]!r}; "
+                                 "pass special_text='drop' to skip such examples or 'keep' to tokenise it as is")
+            if stats is not None:
+                stats.dropped[SPECIAL_TEXT] = stats.dropped.get(SPECIAL_TEXT, 0) + 1
+            return None
     parts = [_encode_untruncated(tokenizer, prompt, completion, loss_on) for completion in completions]
     parts = _truncate_group(parts, max_length, truncation, stats)
     return None if parts is None else [_to_encoded(*part) for part in parts]
+
+
+def special_token_texts(tokenizer) -> tuple[str, ...]:
+    """The texts a tokenizer reads as special tokens (its special and added-special tokens), longest first."""
+    texts = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for token in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(token, "special", False):
+            texts.add(str(token))
+    return tuple(sorted((t for t in texts if t), key=len, reverse=True))
+
+
+def _special_text(tokenizer, conversations: Sequence[Conversation]) -> tuple[int, str, str] | None:
+    """(index of the message in prompt + completions, its role, the special text) of the first offender."""
+    texts = special_token_texts(tokenizer)
+    index = 0
+    for conversation in conversations:
+        for message in conversation:
+            content = message.get("content")
+            if isinstance(content, str):
+                for text in texts:
+                    if text in content:
+                        return index, message.get("role", "?"), text
+            index += 1
+    return None
 
 
 def split_last_turn(messages: Conversation) -> tuple[Conversation, Conversation]:

@@ -103,7 +103,8 @@ def generate_responses(
     sampling RNG is forked from ``sampling.seed`` so the caller's RNG stream is unchanged.
     """
     prompts = [as_prompt(p) for p in prompts]
-    encoded = [encode_prompt(tokenizer, p, max_length=max_prompt_length, truncation="left") for p in prompts]
+    encoded = [encode_prompt(tokenizer, p, max_length=max_prompt_length, truncation="left", special_text="error")
+               for p in prompts]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = eos_token_ids(model, tokenizer)
     device = next(model.parameters()).device
