@@ -56,6 +56,8 @@ def test_policy_row_by_hand():
     assert row["pref"] == pytest.approx((1.5 / 2 + 1 / 2) / 2, abs=1e-12)
     assert row["worst_group"] == "sort" and row["worst_group_gold"] == pytest.approx(0.5)
     assert row["gold[count]"] == pytest.approx(0.6) and "judge" not in row  # the judge is the gold utility
+    row = policy_row(baseline, baseline, prompts, ["sort", "count"], toy_gold_judge, True, 0.0, None, 0, 100)
+    assert "win" not in row and row["gold_vs_base"] == 0.0 and row["worst_group"] == "sort"  # 0.3 vs 0.6
     bon = Samples("bon4", policy.texts, policy.lengths, policy.proxy, None, bon_kl(4), gold=gold, judge=gold)
     row = policy_row(bon, baseline, prompts, ["sort", "count"], toy_gold_judge, True, 0.0, None, 0, 100)
     assert row["kl_seq"] == pytest.approx(math.log(4) - 3 / 4) and row["kl_kind"].startswith("analytic")

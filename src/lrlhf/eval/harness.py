@@ -185,6 +185,8 @@ def policy_row(samples: Samples, baseline: Samples, prompts: Sequence[PromptExam
     row.update(distinct_1=distinct_n(flat, 1), distinct_2=distinct_n(flat, 2))
     row["self_sim_2"] = self_similarity(samples.texts, 2) if len(samples.texts[0]) > 1 else None
     # pairwise against the baseline: utilities from the judge (a pairwise judge sees A/B in random order)
+    if samples is baseline:
+        return _with_subgroups(row, gold, groups)  # the baseline against itself compares nothing
     if is_pairwise(judge):
         ua, ub = [], []
         for p, prompt in enumerate(prompts):
@@ -200,6 +202,11 @@ def policy_row(samples: Samples, baseline: Samples, prompts: Sequence[PromptExam
     lc = length_controlled_win_rate(ua, ub, samples.lengths, baseline.lengths, tie_band=tie_band,
                                     bad_below=bad_below, l2=1e-3, **boot)
     row.update(pref=lc.raw, lc_pref=lc.rate, lc_pref_ci=lc.interval, lc_slope=lc.slope)
+    return _with_subgroups(row, gold, groups)
+
+
+def _with_subgroups(row: dict, gold: list[float] | None, groups: Sequence[str]) -> dict:
+    """Add the worst subgroup and every subgroup's mean gold utility (per prompt means, each prompt weighs 1)."""
     if gold is not None:
         kind, value = worst_subgroup(gold, groups)
         row.update(worst_group=kind, worst_group_gold=value)
