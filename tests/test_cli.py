@@ -112,6 +112,25 @@ def test_bad_values_fail_before_any_work_naming_the_key(tmp_path):
     assert out.returncode != 0 and "max_stepz" in out.stderr
 
 
+@pytest.mark.parametrize(("override", "message"), [
+    ("eval.baseline=nope", "eval.baseline must be one of eval.policies"),
+    ("eval.bon.n=[0]", "eval.bon.n entries must be >= 1"),
+    ("eval.judge=nonsense", "eval.judge must be toy_gold"),
+])
+def test_bad_eval_values_fail_before_any_stage_is_built(override, message, tmp_path):
+    cfg = _compose(["recipe=eval", f"paths.cache_dir={tmp_path}", "paths.run_dir=.", override])
+
+    def compose_dep(name, shared):
+        dep = _compose([f"recipe={name}", f"paths.cache_dir={tmp_path}", *shared])
+        with open_dict(dep):
+            dep.paths.run_dir = "."
+        return dep
+
+    with pytest.raises(ValueError, match=message):
+        cli.plan(cfg, [], compose_dep)  # run() plans (and so validates) before it builds anything
+    assert not (tmp_path / "worlds").exists() and not (tmp_path / "stages").exists()
+
+
 def test_sft_tiny_with_csv_metrics_and_the_run_folder_layout(tmp_path):
     run = tmp_path / "run"
     _train(tmp_path, "recipe=sft_lora", "logger=csv", f"hydra.run.dir={run}", *_tiny("sft_lora"))

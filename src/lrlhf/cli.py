@@ -149,6 +149,10 @@ def validate(cfg: DictConfig) -> None:
             visit(node._get_node(key), f"{where}.{key}")
 
     visit(cfg.module, "module")
+    if cfg.stage == "eval":
+        from lrlhf.eval.harness import check_eval_config
+
+        check_eval_config(cfg.eval)
 
 
 def _root_cause(err: BaseException) -> BaseException:

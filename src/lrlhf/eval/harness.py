@@ -264,6 +264,41 @@ def plot_utility_vs_kl(rows: Sequence[dict], curve: Sequence[tuple[int, float, f
 
 
 # -------------------------------------------------------------------------------------------------- main
+def check_eval_config(ev) -> None:
+    """Refuse a bad ``eval`` node of ``recipe=eval`` naming its key (cheap: nothing is loaded; the CLI calls it
+    before building any stage)."""
+    policies = ev.get("policies") or {}
+    bon = ev.get("bon") or {}
+    checks = [
+        ("policies", len(policies) >= 1, "must name at least one policy folder"),
+        ("baseline", ev.get("baseline") in policies, f"must be one of eval.policies {sorted(policies)}"),
+        ("n_samples", int(ev.get("n_samples") or 0) >= 1, "must be >= 1"),
+        ("batch_size", int(ev.get("batch_size") or 0) >= 1, "must be >= 1"),
+        ("max_new_tokens", int(ev.get("max_new_tokens") or 0) >= 1, "must be >= 1"),
+        ("temperature", float(ev.get("temperature") or 0) > 0, "must be > 0 (KL and Best-of-N need sampling)"),
+        ("n_resamples", int(ev.get("n_resamples") or 0) >= 1, "must be >= 1"),
+        ("tie_band", float(ev.get("tie_band") or 0) >= 0, "must be >= 0"),
+        ("bon.n", all(int(n) >= 1 for n in bon.get("n") or []), "entries must be >= 1"),
+        ("bon.curve_max", int(bon.get("curve_max") or 0) >= 0, "must be >= 0 (0: no curve)"),
+        ("bon.policy", not (bon.get("n") or bon.get("curve_max")) or bon.get("policy") in policies,
+         f"must be one of eval.policies {sorted(policies)}"),
+        ("judge", callable(ev.get("judge")) or ev.get("judge") == "toy_gold"
+         or str(ev.get("judge")).startswith("rm:") or ":" in str(ev.get("judge")),
+         "must be toy_gold, rm:<reward model folder> or <module>:<callable>"),
+    ]
+    for key, ok, rule in checks:
+        if not ok:
+            value = _lookup(ev, key)
+            raise ValueError(f"eval.{key} {rule}, got {value!r}")
+
+
+def _lookup(node, key: str):
+    """``node.a.b`` for ``key = "a.b"`` (None when a part is missing)."""
+    for part in key.split("."):
+        node = node.get(part) if hasattr(node, "get") else None
+    return node
+
+
 def run_eval(cfg, out_dir: Path) -> dict:
     """Evaluate the policies of ``cfg.eval`` (see the module docstring); returns the summary."""
     from hydra.utils import instantiate
@@ -276,15 +311,9 @@ def run_eval(cfg, out_dir: Path) -> dict:
     from lrlhf.modules.reward import load_calibration, load_reward_model
 
     ev = cfg.eval
+    check_eval_config(ev)
     policies = dict(OmegaConf.to_container(ev.policies, resolve=True))
-    if ev.baseline not in policies:
-        raise ValueError(f"eval.baseline={ev.baseline!r} is not one of eval.policies {sorted(policies)}")
-    for key in ("n_samples", "batch_size"):
-        if ev[key] < 1:
-            raise ValueError(f"eval.{key} must be >= 1, got {ev[key]}")
     bon_ns = [int(n) for n in ev.bon.n]
-    if any(n < 1 for n in bon_ns) or ev.bon.curve_max < 0:
-        raise ValueError(f"eval.bon.n must be >= 1 and eval.bon.curve_max >= 0, got {bon_ns}, {ev.bon.curve_max}")
     prompts, _ = load_records(str(ev.prompts), "prompt", verbose=False)
     if ev.get("max_prompts"):
         prompts = prompts[:ev.max_prompts]
