@@ -254,6 +254,14 @@ def test_group_estimator_recipes_sample_k_per_prompt(estimator):
     assert rows == 32 and cfg.trainer.max_steps % updates == 0  # max_steps counts whole rollouts
 
 
+@pytest.mark.parametrize("recipe", ["rloo_lora", "grpo_lora"])
+def test_group_estimator_recipes_never_build_or_run_a_critic(recipe, tmp_path):
+    run = tmp_path / "run"
+    _train(tmp_path, f"recipe={recipe}", "logger=none", f"hydra.run.dir={run}",
+           "module._target_=cli_subclass.NoCriticPPO", *_tiny(recipe))
+    assert json.loads((run / "summary.json").read_text())["rollouts"] >= 1
+
+
 def test_eval_recipe_tiny_writes_the_table_and_the_plots(tmp_path):
     import csv
 

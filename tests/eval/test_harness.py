@@ -95,3 +95,14 @@ def test_sample_policy_matches_a_naive_one_row_computation(world):
                 assert out.kl[p][i] == pytest.approx((logp[0] - logp[1]).item(), abs=1e-5)
                 score = reward_model.score(ids, torch.ones_like(ids)).item()
                 assert out.proxy[p][i] == pytest.approx(score, abs=1e-5)
+
+
+def test_policy_row_without_gold_uses_the_judge():
+    prompts = [_prompt("sort"), _prompt("count")]
+    base = Samples("sft", [["a"], ["b"]], [[1], [1]], [[0.0], [0.0]], [[0.0], [0.0]], judge=[[0.5], [0.5]])
+    policy = Samples("mine", [["a b"], ["c"]], [[2], [1]], [[0.0], [0.0]], [[0.0], [0.0]], judge=[[0.9], [0.1]])
+    row = policy_row(policy, base, prompts, ["sort", "count"], len, False, 0.0, None, 0, 50)
+    assert "gold" not in row and row["judge"] == pytest.approx(0.5)
+    assert (row["win"], row["loss"]) == (0.5, 0.5)
+    assert row["worst_group"] == "count" and row["worst_group_judge"] == pytest.approx(0.1)
+    assert row["judge[sort]"] == pytest.approx(0.9)

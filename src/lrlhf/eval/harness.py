@@ -185,8 +185,10 @@ def policy_row(samples: Samples, baseline: Samples, prompts: Sequence[PromptExam
     row.update(distinct_1=distinct_n(flat, 1), distinct_2=distinct_n(flat, 2))
     row["self_sim_2"] = self_similarity(samples.texts, 2) if len(samples.texts[0]) > 1 else None
     # pairwise against the baseline: utilities from the judge (a pairwise judge sees A/B in random order)
+    by_group = gold if gold is not None else [_mean(j) for j in samples.judge] if samples.judge else None
+    label = "gold" if gold is not None else "judge"
     if samples is baseline:
-        return _with_subgroups(row, gold, groups)  # the baseline against itself compares nothing
+        return _with_subgroups(row, by_group, groups, label)  # the baseline against itself compares nothing
     if is_pairwise(judge):
         ua, ub = [], []
         for p, prompt in enumerate(prompts):
@@ -202,21 +204,22 @@ def policy_row(samples: Samples, baseline: Samples, prompts: Sequence[PromptExam
     lc = length_controlled_win_rate(ua, ub, samples.lengths, baseline.lengths, tie_band=tie_band,
                                     bad_below=bad_below, l2=1e-3, **boot)
     row.update(pref=lc.raw, lc_pref=lc.rate, lc_pref_ci=lc.interval, lc_slope=lc.slope)
-    return _with_subgroups(row, gold, groups)
+    return _with_subgroups(row, by_group, groups, label)
 
 
-def _with_subgroups(row: dict, gold: list[float] | None, groups: Sequence[str]) -> dict:
-    """Add the worst subgroup and every subgroup's mean gold utility (per prompt means, each prompt weighs 1)."""
-    if gold is not None:
-        kind, value = worst_subgroup(gold, groups)
-        row.update(worst_group=kind, worst_group_gold=value)
-        row.update({f"gold[{g}]": v for g, v in subgroup_means(gold, groups).items()})
+def _with_subgroups(row: dict, values: list[float] | None, groups: Sequence[str], label: str) -> dict:
+    """Add the worst subgroup and every subgroup's mean of ``values`` (per-prompt gold utility, or the judge's
+    score without gold; each prompt weighs 1) as ``worst_group``, ``worst_group_<label>``, ``<label>[<group>]``."""
+    if values is not None:
+        kind, value = worst_subgroup(values, groups)
+        row.update({"worst_group": kind, f"worst_group_{label}": value})
+        row.update({f"{label}[{g}]": v for g, v in subgroup_means(values, groups).items()})
     return row
 
 
 TABLE_COLUMNS = ("policy", "gold", "gold_ci", "gold_vs_base", "gold_vs_base_ci", "judge", "proxy", "kl_seq",
                  "kl_token", "length", "distinct_1", "distinct_2", "self_sim_2", "win", "tie", "loss", "both_bad",
-                 "net_ci", "pref", "lc_pref", "lc_pref_ci", "worst_group", "worst_group_gold")
+                 "net_ci", "pref", "lc_pref", "lc_pref_ci", "worst_group", "worst_group_gold", "worst_group_judge")
 
 
 # ------------------------------------------------------------------------------------------------- plots
