@@ -1,6 +1,7 @@
 """The Hydra CLI: every recipe composes and runs tiny, caching, overrides, errors, subclassing, loggers."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -41,16 +42,28 @@ def _train(tmp_path, *args, env=None, check=True):
     return out
 
 
+# recipe=eval trains nothing itself: its needed stages are made tiny instead (4 steps: 2 rollouts for PPO)
+EVAL_TINY = [
+    *[o for o in TINY if o.startswith(("world.", "stage_overrides."))],
+    *[f'stage_overrides.{need}=["trainer.max_steps=4","data.batch_size={batch}","eval=null",'
+      '"callbacks.early_stopping.every_n_rollouts=1"]' for need, batch in (("ppo", 8), ("rloo", 2), ("grpo", 2))],
+    'stage_overrides.dpo=["trainer.max_steps=3","data.batch_size=8","eval=null"]',
+    "eval.n_samples=2", "eval.bon.n=[2]", "eval.bon.curve_max=4", "eval.n_resamples=50",
+]
+
+
 def _tiny(recipe):
     # eval exists only in PPO and DPO recipes; data.batch_size in all
-    has_eval = recipe.startswith(("ppo", "dpo")) or recipe == "pipeline"
+    if recipe == "eval":
+        return EVAL_TINY
+    has_eval = recipe.startswith(("ppo", "dpo", "rloo", "grpo")) or recipe == "pipeline"
     return [o for o in TINY if not (o.startswith("eval.") and not has_eval)]
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
     cfg = _compose([f"recipe={recipe}", f"paths.cache_dir={tmp_path}", "paths.run_dir=."])
-    assert cfg.stage in cli.FINISH
+    assert cfg.stage in cli.STAGES
     first_line = (ROOT / "recipes" / f"{recipe}.yaml").read_text().splitlines()[0]
     assert first_line == f"# python train.py recipe={recipe}"  # each recipe opens with its launch command
 
@@ -61,7 +74,8 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
         return dep
 
     todo = cli.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
-    needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"]}.get(recipe, ["sft", "rm"])
+    needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"],
+             "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"]}.get(recipe, ["sft", "rm"])
     assert [t[0] for t in todo] == needs
     assert not (tmp_path / "worlds").exists()
 
@@ -96,6 +110,25 @@ def test_bad_values_fail_before_any_work_naming_the_key(tmp_path):
     assert not (tmp_path / "cache").exists()  # nothing was built
     out = _train(tmp_path, "recipe=sft", "trainer.max_stepz=3", "logger=none", check=False)
     assert out.returncode != 0 and "max_stepz" in out.stderr
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("eval.baseline=nope", "eval.baseline must be one of eval.policies"),
+    ("eval.bon.n=[0]", "eval.bon.n entries must be >= 1"),
+    ("eval.judge=nonsense", "eval.judge must be toy_gold"),
+])
+def test_bad_eval_values_fail_before_any_stage_is_built(override, message, tmp_path):
+    cfg = _compose(["recipe=eval", f"paths.cache_dir={tmp_path}", "paths.run_dir=.", override])
+
+    def compose_dep(name, shared):
+        dep = _compose([f"recipe={name}", f"paths.cache_dir={tmp_path}", *shared])
+        with open_dict(dep):
+            dep.paths.run_dir = "."
+        return dep
+
+    with pytest.raises(ValueError, match=message):
+        cli.plan(cfg, [], compose_dep)  # run() plans (and so validates) before it builds anything
+    assert not (tmp_path / "worlds").exists() and not (tmp_path / "stages").exists()
 
 
 def test_sft_tiny_with_csv_metrics_and_the_run_folder_layout(tmp_path):
@@ -199,10 +232,58 @@ def test_model_smollm2_composes_to_the_wheel_gguf(smollm2_config, tmp_path):
     assert cfg.model.gguf_file == smollm2_config.gguf_file
 
 
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "eval"])  # eval: test_eval_recipe_tiny below
 def test_every_recipe_runs_tiny(recipe, tmp_path):
     run = tmp_path / "run"
-    _train(tmp_path, f"recipe={recipe}", "logger=none", f"hydra.run.dir={run}", *_tiny(recipe))
+    # RLOO / GRPO: the same module plus checks that no critic is built or run (cli_subclass.NoCriticPPO)
+    no_critic = ["module._target_=cli_subclass.NoCriticPPO"] if recipe in ("rloo_lora", "grpo_lora") else []
+    _train(tmp_path, f"recipe={recipe}", "logger=none", f"hydra.run.dir={run}", *no_critic, *_tiny(recipe))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stage"] == _compose([f"recipe={recipe}", "paths.run_dir=."]).stage
     assert Path(summary["export"]).is_dir()
+
+
+@pytest.mark.parametrize("estimator", ["rloo", "grpo"])
+def test_group_estimator_recipes_sample_k_per_prompt(estimator):
+    # (no value adapter / head / forward without a critic: tests/modules/test_ppo.py)
+    from hydra.utils import instantiate
+
+    cfg = _compose([f"recipe={estimator}_lora", "paths.run_dir=."])
+    config = instantiate(cfg.module.config, _convert_="all")
+    assert config.advantage_estimator == estimator and config.samples_per_prompt >= 2
+    rows = cfg.data.batch_size * config.samples_per_prompt  # responses per rollout, as recipe=ppo_lora's 32
+    updates = config.ppo_epochs * math.ceil(rows / config.minibatch_size)
+    assert rows == 32 and cfg.trainer.max_steps % updates == 0  # max_steps counts whole rollouts
+
+
+def test_eval_recipe_tiny_writes_the_table_and_the_plots(tmp_path):
+    import csv
+
+    from lrlhf.eval.best_of_n import bon_kl
+
+    run = tmp_path / "run"
+    out = _train(tmp_path, "recipe=eval", "logger=csv", f"hydra.run.dir={run}", *_tiny("eval"))
+    for need in ("sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"):
+        assert f"building the `{need}` stage" in out.stdout
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stage"] == "eval"
+    rows = {r["policy"]: r for r in csv.DictReader((run / "eval_table.csv").open())}
+    assert sorted(rows) == ["bon2", "dpo", "grpo", "ppo", "rloo", "sft"]
+    for name, row in rows.items():
+        assert 0.0 <= float(row["gold"]) <= 1.0 and row["worst_group"] in ("sort", "count"), name
+        if name == "sft":  # the baseline: no comparison with itself
+            assert row["win"] == row["lc_pref"] == "" and float(row["gold_vs_base"]) == 0.0
+            continue
+        rates = [float(row[k]) for k in ("win", "tie", "loss", "both_bad")]
+        assert sum(rates) == pytest.approx(1.0, abs=1e-9), name
+        assert 0.0 <= float(row["lc_pref"]) <= 1.0, name
+    assert float(rows["sft"]["kl_seq"]) == 0.0
+    assert float(rows["bon2"]["kl_seq"]) == pytest.approx(bon_kl(2), abs=1e-12)
+    table = (run / "eval_table.md").read_text()
+    assert table.startswith("| policy | gold |") and "| bon2 |" in table and table in out.stdout
+    for plot in ("utility_vs_kl.png", "goodhart.png"):  # goodhart: the PPO stage's 2 held-out evaluations
+        assert (run / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plot
+    results = json.loads((run / "eval_results.json").read_text())
+    assert [c["n"] for c in results["bon_curve"]] == [1, 2, 3, 4] and results["judge"] == "toy_gold_judge"
+    header = (run / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert {"eval/ppo/gold", "eval/bon2/lc_pref", "eval/sft/distinct_2"} <= set(header)

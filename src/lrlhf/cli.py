@@ -1,7 +1,8 @@
 """``python train.py [recipe=NAME] [key=value ...]``: Hydra composes the config, the CLI runs one stage.
 
-A recipe (``recipes/NAME.yaml``) names a ``stage`` (``sft``, ``rm``, ``ppo`` or ``dpo``), the LightningModule and the
-datamodule by ``_target_``, and the stages it ``needs`` first (e.g. PPO needs ``sft`` and ``rm``). Needed stages
+A recipe (``recipes/NAME.yaml``) names a ``stage`` (``sft``, ``rm``, ``ppo``, ``dpo``, or ``eval``: no training, see
+:mod:`lrlhf.eval.harness`), the LightningModule and the datamodule by ``_target_``, and the stages it ``needs``
+first (e.g. PPO needs ``sft`` and ``rm``). Needed stages
 are composed from their own recipes (with the overrides of the shared keys: ``world``, ``model``, ``paths``,
 ``seed``, ``threads``, and ``stage_overrides.<need>`` for that stage alone), cached under
 ``<cache_dir>/stages/<recipe>-<hash of their resolved config>`` and reused
@@ -151,6 +152,10 @@ def validate(cfg: DictConfig) -> None:
             visit(node._get_node(key), f"{where}.{key}")
 
     visit(cfg.module, "module")
+    if cfg.stage == "eval":
+        from lrlhf.eval.harness import check_eval_config
+
+        check_eval_config(cfg.eval)
 
 
 def _root_cause(err: BaseException) -> BaseException:
@@ -198,6 +203,12 @@ def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
     pl.seed_everything(cfg.seed, verbose=False)
     final_dir = final_dir or out_dir
     atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(_at(cfg, final_dir), resolve=True))
+    if cfg.stage == "eval":  # nothing to train: evaluate the policies of cfg.eval (lrlhf.eval.harness)
+        from lrlhf.eval.harness import run_eval
+
+        summary = {"stage": "eval", "run_dir": str(out_dir), **run_eval(cfg, out_dir)}
+        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+        return summary
     tokenizer = load_tokenizer(_model_config(cfg))
     module = instantiate(cfg.module, tokenizer=tokenizer, _convert_="all")
     data = instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
@@ -237,7 +248,8 @@ def _finish_ppo(cfg, module, data, trainer, out_dir: Path) -> dict:
     paths = module.export(out_dir / "export")
     summary.update(export=str(paths["merged"]), adapter=str(paths["adapter"]))
     if cfg.get("eval"):
-        summary.update(_compare_with_sft(cfg, module))
+        estimator = module.config.advantage_estimator
+        summary.update(_compare_with_sft(cfg, module, name="ppo" if estimator == "gae" else estimator))
     return summary
 
 
@@ -290,6 +302,8 @@ def _finish_dpo(cfg, module, data, trainer, out_dir: Path) -> dict:
 
 
 FINISH = {"sft": _finish_sft, "rm": _finish_rm, "ppo": _finish_ppo, "dpo": _finish_dpo}
+#: Every stage a recipe may name: the trained ones, and ``eval`` (no training; lrlhf.eval.harness).
+STAGES = (*FINISH, "eval")
 
 
 def _metric(trainer, key: str) -> float | None:
@@ -300,7 +314,12 @@ def _metric(trainer, key: str) -> float | None:
 # ----------------------------------------------------------------------------------------------- main
 def print_summary(summary: dict) -> None:
     print(f"\n== lrlhf {summary['stage']}: done ==")
-    for name in ("ppo", "dpo"):
+    if summary["stage"] == "eval":
+        print(summary["table_markdown"])
+        print(f"table: {summary['table']} (and {summary['csv']}); plots: {', '.join(summary['plots'].values())}")
+        print(f"run folder: {summary['run_dir']}")
+        return
+    for name in ("ppo", "rloo", "grpo", "dpo"):
         if f"gold/{name}" in summary:
             lo, hi = summary[f"gold/{name}_minus_sft_interval"]
             label = name.upper()

@@ -112,3 +112,26 @@ def test_reward_model_scorer_renders_like_rm_training(world, tokenizer, prompts)
     with torch.no_grad():
         expected = reward_model.score(batch["input_ids"], batch["attention_mask"])[:2]
     assert scores == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+def test_bon_expected_by_hand_and_against_every_subset():
+    import itertools
+    import random
+
+    from lrlhf.eval.best_of_n import bon_expected
+
+    proxy, gold = [0.1, 0.5, 0.3], [1.0, 2.0, 3.0]
+    assert bon_expected(proxy, gold, 1) == pytest.approx(2.0, abs=1e-12)  # the mean
+    # subsets {0,1} -> 2, {0,2} -> 3, {1,2} -> 2
+    assert bon_expected(proxy, gold, 2) == pytest.approx(7 / 3, abs=1e-12)
+    assert bon_expected(proxy, gold, 3) == pytest.approx(2.0, abs=1e-12)  # the proxy's best of all
+    assert bon_expected([0.5, 0.5], [1.0, 0.0], 2) == 1.0  # equal scores: the earlier sample, as select_best_of_n
+    rng = random.Random(0)
+    proxy = [rng.choice([0.0, 0.5, 1.0, rng.random()]) for _ in range(7)]
+    gold = [rng.random() for _ in range(7)]
+    for n in range(1, 8):
+        picks = [select_best_of_n([PromptExample([])], [str(i) for i in s], [proxy[i] for i in s], n,
+                                  lambda p, r: gold[int(r)]).gold[0] for s in itertools.combinations(range(7), n)]
+        assert bon_expected(proxy, gold, n) == pytest.approx(sum(picks) / len(picks), abs=1e-12)
+    with pytest.raises(ValueError, match="pool size"):
+        bon_expected(proxy, gold, 8)

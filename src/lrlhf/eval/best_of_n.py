@@ -144,3 +144,22 @@ def best_of_n(
     repeated = [p for p in prompts for _ in range(n)]  # the n samples of a prompt are adjacent
     responses = generate_responses(policy, tokenizer, repeated, sampling, batch_size=batch_size)
     return select_best_of_n(prompts, responses, scorer(repeated, responses), n, judge)
+
+
+def bon_expected(proxy: Sequence[float], gold: Sequence[float], n: int) -> float:
+    """Expected gold utility of best-of-``n`` (by ``proxy``) when ``n`` of these ``m`` samples are drawn without
+    replacement, every subset equally likely: an unbiased estimate of the BoN curve at every ``n <= m`` from one
+    pool of ``m`` samples (no resampling noise; Nakano et al., 2021, app. I).
+
+    The sample of rank ``i`` (1-based, ascending proxy) is the pick of a subset exactly when the subset holds it
+    and ``n - 1`` of the ``i - 1`` below it: probability ``C(i - 1, n - 1) / C(m, n)``. Equal proxies are ranked
+    as :func:`select_best_of_n` breaks them (the earlier sample wins).
+    """
+    m = len(proxy)
+    if len(gold) != m:
+        raise ValueError(f"{m} proxy scores and {len(gold)} gold utilities; need one each")
+    if not 1 <= n <= m:
+        raise ValueError(f"n must be in 1..{m} (the pool size), got {n}")
+    order = sorted(range(m), key=lambda i: (float(proxy[i]), -i))  # ascending; equal scores: the earlier ranks higher
+    total = math.comb(m, n)
+    return sum(math.comb(rank, n - 1) * float(gold[i]) for rank, i in enumerate(order)) / total

@@ -1,0 +1,415 @@
+"""The multi-policy evaluation behind ``python train.py recipe=eval`` (see docs/evaluation.md).
+
+On one held-out prompt set and one sampling config (same seed for every policy), for every policy (a merged
+model folder) and for Best-of-N under the proxy reward model (sampled from the reference policy), report:
+
+- gold utility (toy world) and the configured judge's score (any pointwise ``judge(prompt, response) -> float``
+  or a pairwise judge, see :mod:`lrlhf.eval.judges`), with a prompt bootstrap interval;
+- the proxy reward model's score (calibrated as in PPO's rewards);
+- KL to the reference: the per-sequence sum of ``log pi - log pi_ref`` over the sampled tokens (k1, an unbiased
+  estimate of KL(pi || pi_ref)) and per token (that sum over all sequences / all their tokens); for Best-of-N the
+  analytic ``log N - (N - 1) / N`` per sequence (:func:`bon_kl`), per token divided by the picks' mean length;
+- response length (tokens, EOS included), distinct-1/2 and self-similarity (:mod:`lrlhf.eval.diversity`);
+- win / tie / loss / both-bad against the baseline with a prompt-clustered bootstrap, the length-controlled win
+  rate (:mod:`lrlhf.eval.lc_winrate`), and the worst subgroup (request kind in the toy world).
+
+Outputs in the run folder: ``eval_table.md`` / ``eval_table.csv``, ``eval_results.json``, ``utility_vs_kl.png``
+(policies and the BoN curve N = 1..``bon.curve_max`` from one pool, :func:`bon_expected`) and ``goodhart.png`` (the
+held-out evaluations a PPO stage made at its checkpoints); numbers and images also go to the logger if any.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lrlhf.data.collate import collate_prompts
+from lrlhf.data.records import PromptExample
+from lrlhf.data.tokenize import encode_prompt
+from lrlhf.eval.best_of_n import bon_expected, bon_kl
+from lrlhf.eval.diversity import distinct_n, self_similarity
+from lrlhf.eval.judges import is_pairwise, judge_pairs, resolve_judge
+from lrlhf.eval.lc_winrate import length_controlled_win_rate
+from lrlhf.eval.report import subgroup_means, worst_subgroup, write_table
+from lrlhf.eval.utility import bootstrap_interval
+from lrlhf.eval.winrate import win_rate
+from lrlhf.functional import kl_k1, masked_sum, response_masks, token_logprobs
+from lrlhf.models.generation import SamplingConfig, cut_at_eos, eos_token_ids
+from lrlhf.utils.io import atomic_write_bytes, atomic_write_text
+
+
+@dataclass
+class Samples:
+    """``P x s`` responses of one policy (``texts[p][i]``: sample ``i`` of prompt ``p``) and their figures."""
+
+    name: str
+    texts: list[list[str]]
+    lengths: list[list[int]]
+    proxy: list[list[float]]
+    kl: list[list[float]] | None = None
+    """Per-sequence k1 sums against the reference; None with ``analytic_kl``."""
+    analytic_kl: float | None = None
+    """Best-of-N: ``log N - (N - 1) / N`` per sequence."""
+    judge: list[list[float]] = field(default_factory=list)
+    gold: list[list[float]] = field(default_factory=list)
+    ids: list[list[list[int]]] = field(default_factory=list)
+    """The response token ids (the actions: up to and including the first EOS)."""
+
+
+def _grid(values: Sequence, k: int) -> list[list]:
+    return [list(values[i:i + k]) for i in range(0, len(values), k)]
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+@torch.no_grad()
+def sample_policy(model, tokenizer, prompts: Sequence[PromptExample], n: int, sampling: SamplingConfig,
+                  reward_model, calibration=None, reference=None, batch_size: int = 256,
+                  max_prompt_length: int = 1024, name: str = "policy") -> Samples:
+    """Sample ``n`` responses per prompt (adjacent rows, plain temperature sampling, deterministic from
+    ``sampling.seed`` in a forked RNG) and measure each: length (actions up to and including the first EOS),
+    the proxy score of prompt + response cut at the stop (as PPO scores it), and, with ``reference``, the
+    per-sequence sum of ``log pi - log pi_ref`` at the sampling temperature (0 without one)."""
+    if sampling.temperature <= 0:
+        raise ValueError("eval.temperature must be > 0: KL and Best-of-N need sampled responses")
+    rows = [p for p in prompts for _ in range(n)]
+    encoded = [encode_prompt(tokenizer, p, max_length=max_prompt_length, truncation="left") for p in rows]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_ids = sorted(eos_token_ids(model, tokenizer))
+    texts, lengths, proxy, kls, ids = [], [], [], [], []
+    models = [m for m in (model, reference, reward_model) if m is not None]
+    modes = [m.training for m in models]
+    for m in models:
+        m.eval()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(sampling.seed)
+            for start in range(0, len(encoded), batch_size):
+                batch = collate_prompts(encoded[start:start + batch_size], pad_id)
+                q, qm = batch["input_ids"], batch["attention_mask"]  # (B, P), left-padded
+                out = model.generate(input_ids=q, attention_mask=qm, pad_token_id=pad_id, eos_token_id=eos_ids,
+                                     repetition_penalty=1.0, **sampling.generate_kwargs())
+                r = out[:, q.shape[1]:]  # (B, R)
+                masks = response_masks(r, eos_ids, pad_id)
+                lengths += masks.lengths.tolist()
+                ids += [row[:n_actions] for row, n_actions in zip(r.tolist(), masks.lengths.tolist(), strict=True)]
+                texts += [tokenizer.decode(cut_at_eos(row, set(eos_ids)), skip_special_tokens=True)
+                          for row in r.tolist()]
+                raw = reward_model.score(torch.cat([q, r], 1), torch.cat([qm, masks.action_mask.to(qm.dtype)], 1))
+                proxy += (calibration.normalise(raw) if calibration is not None else raw).float().tolist()
+                if reference is None:
+                    kls += [0.0] * r.shape[0]
+                    continue
+                logp = _response_logprobs(model, q, qm, r, sampling.temperature)
+                ref = _response_logprobs(reference, q, qm, r, sampling.temperature)
+                kls += masked_sum(kl_k1(logp, ref), masks.action_mask, dim=1).tolist()
+    finally:
+        for m, mode in zip(models, modes, strict=True):
+            m.train(mode)
+    return Samples(name, _grid(texts, n), _grid(lengths, n), _grid(proxy, n), _grid(kls, n), ids=_grid(ids, n))
+
+
+def _response_logprobs(model, q, qm, r, temperature: float):
+    """``(B, R)`` log-probs of the response tokens (positions counted over attended tokens, as in PPO)."""
+    ids = torch.cat([q, r], 1)
+    mask = torch.cat([qm, torch.ones_like(r, dtype=qm.dtype)], 1)
+    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
+    return token_logprobs(logits[:, q.shape[1] - 1:-1], r, temperature)
+
+
+def best_of_n_from_pool(pool: Samples, n: int, picks: int) -> Samples:
+    """``picks`` Best-of-``n`` responses per prompt from disjoint groups of ``n`` of the pool's samples (group
+    ``j`` = samples ``[j n, (j + 1) n)``); the highest proxy wins, the earlier sample on equal scores."""
+    size = len(pool.texts[0])
+    if n * picks > size:
+        raise ValueError(f"Best-of-{n} x {picks} picks needs {n * picks} pool samples per prompt, the pool has {size}")
+    out = Samples(f"bon{n}", [], [], [], None, bon_kl(n))
+    for p in range(len(pool.texts)):
+        chosen = [max(range(j * n, (j + 1) * n), key=lambda i: (pool.proxy[p][i], -i)) for j in range(picks)]
+        out.texts.append([pool.texts[p][i] for i in chosen])
+        out.lengths.append([pool.lengths[p][i] for i in chosen])
+        out.proxy.append([pool.proxy[p][i] for i in chosen])
+        if pool.gold:
+            out.gold.append([pool.gold[p][i] for i in chosen])
+        if pool.judge:
+            out.judge.append([pool.judge[p][i] for i in chosen])
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- metrics
+def _group_label(prompt: PromptExample, key: str) -> str:
+    value = prompt.meta
+    for part in key.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return "all"
+        value = value[part]
+    return str(value)
+
+
+def policy_row(samples: Samples, baseline: Samples, prompts: Sequence[PromptExample], groups: Sequence[str],
+               judge, judge_is_gold: bool, tie_band: float, bad_below: float | None, seed: int,
+               n_resamples: int) -> dict:
+    """One row of the table: every figure of ``samples`` (see the module docstring) against ``baseline``."""
+    boot = {"n_resamples": n_resamples, "seed": seed}
+    row: dict = {"policy": samples.name}
+    gold = [_mean(g) for g in samples.gold] if samples.gold else None
+    if gold is not None:
+        row.update(gold=_mean(gold), gold_ci=bootstrap_interval(gold, **boot))
+        base = [_mean(g) for g in baseline.gold]
+        diff = [a - b for a, b in zip(gold, base, strict=True)]
+        row.update(gold_vs_base=_mean(diff), gold_vs_base_ci=bootstrap_interval(diff, **boot))
+    if not judge_is_gold and samples.judge:
+        per_prompt = [_mean(j) for j in samples.judge]
+        row.update(judge=_mean(per_prompt), judge_ci=bootstrap_interval(per_prompt, **boot))
+    row["proxy"] = _mean(_mean(p) for p in samples.proxy)
+    all_lengths = [x for group in samples.lengths for x in group]
+    if samples.analytic_kl is not None:
+        row.update(kl_seq=samples.analytic_kl, kl_token=samples.analytic_kl / max(_mean(all_lengths), 1e-9),
+                   kl_kind="analytic log N - (N-1)/N")
+    else:
+        all_kl = [x for group in samples.kl for x in group]
+        row.update(kl_seq=_mean(all_kl), kl_token=sum(all_kl) / max(sum(all_lengths), 1), kl_kind="k1 sample mean")
+    row["length"] = _mean(all_lengths)
+    flat = [t for group in samples.texts for t in group]
+    row.update(distinct_1=distinct_n(flat, 1), distinct_2=distinct_n(flat, 2))
+    row["self_sim_2"] = self_similarity(samples.texts, 2) if len(samples.texts[0]) > 1 else None
+    # pairwise against the baseline: utilities from the judge (a pairwise judge sees A/B in random order)
+    by_group = gold if gold is not None else [_mean(j) for j in samples.judge] if samples.judge else None
+    label = "gold" if gold is not None else "judge"
+    if samples is baseline:
+        return _with_subgroups(row, by_group, groups, label)  # the baseline against itself compares nothing
+    if is_pairwise(judge):
+        ua, ub = [], []
+        for p, prompt in enumerate(prompts):
+            a_u, b_u, _ = judge_pairs([prompt] * len(samples.texts[p]), samples.texts[p], baseline.texts[p], judge,
+                                      seed=seed * 1_000_003 + p)
+            ua.append(a_u)
+            ub.append(b_u)
+    else:
+        ua, ub = samples.judge, baseline.judge
+    wins = win_rate(ua, ub, tie_band=tie_band, bad_below=bad_below, **boot)
+    row.update({name: wins.rates[name] for name in ("win", "tie", "loss", "both_bad")})
+    row.update(win_ci=wins.intervals["win"], net=wins.net, net_ci=wins.intervals["net"])
+    lc = length_controlled_win_rate(ua, ub, samples.lengths, baseline.lengths, tie_band=tie_band,
+                                    bad_below=bad_below, l2=1e-3, **boot)
+    row.update(pref=lc.raw, lc_pref=lc.rate, lc_pref_ci=lc.interval, lc_slope=lc.slope)
+    return _with_subgroups(row, by_group, groups, label)
+
+
+def _with_subgroups(row: dict, values: list[float] | None, groups: Sequence[str], label: str) -> dict:
+    """Add the worst subgroup and every subgroup's mean of ``values`` (per-prompt gold utility, or the judge's
+    score without gold; each prompt weighs 1) as ``worst_group``, ``worst_group_<label>``, ``<label>[<group>]``."""
+    if values is not None:
+        kind, value = worst_subgroup(values, groups)
+        row.update({"worst_group": kind, f"worst_group_{label}": value})
+        row.update({f"{label}[{g}]": v for g, v in subgroup_means(values, groups).items()})
+    return row
+
+
+TABLE_COLUMNS = ("policy", "gold", "gold_ci", "gold_vs_base", "gold_vs_base_ci", "judge", "proxy", "kl_seq",
+                 "kl_token", "length", "distinct_1", "distinct_2", "self_sim_2", "win", "tie", "loss", "both_bad",
+                 "net_ci", "pref", "lc_pref", "lc_pref_ci", "worst_group", "worst_group_gold", "worst_group_judge")
+
+
+# ------------------------------------------------------------------------------------------------- plots
+def _figure(size=(6.0, 4.0)):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, dpi=90)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig, path: Path) -> Path:
+    buffer = io.BytesIO()
+    fig.tight_layout()
+    fig.savefig(buffer, format="png")
+    return atomic_write_bytes(path, buffer.getvalue())
+
+
+def plot_utility_vs_kl(rows: Sequence[dict], curve: Sequence[tuple[int, float, float]], path: Path,
+                       baseline: str) -> Path:
+    """Gold utility against KL to the reference (nats per sequence): the BoN curve ``(n, kl, gold)`` and one
+    point per policy row (with its bootstrap interval)."""
+    fig = _figure()
+    ax = fig.add_subplot(1, 1, 1)
+    if curve:
+        ax.plot([c[1] for c in curve], [c[2] for c in curve], "-", color="gray", lw=1.2,
+                label=f"Best-of-N from {baseline}, N = 1..{curve[-1][0]} (KL = log N - (N-1)/N)")
+        for n, kl, gold in curve:
+            if n in (1, 2, 4, 8, 16, 32, 64):
+                ax.annotate(f"N={n}", (kl, gold), fontsize=6, color="gray", textcoords="offset points",
+                            xytext=(2, -8))
+    for i, row in enumerate(rows):
+        if row.get("gold") is None:
+            continue
+        lo, hi = row["gold_ci"]
+        ax.errorbar([row["kl_seq"]], [row["gold"]], yerr=[[row["gold"] - lo], [hi - row["gold"]]], fmt="o",
+                    ms=5, capsize=3, color=f"C{i}", label=row["policy"])
+    ax.set_xlabel("KL to the reference (nats per sequence; k1 sample mean, BoN analytic)", fontsize=8)
+    ax.set_ylabel("held-out gold utility (95% prompt bootstrap)", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, loc="best")
+    ax.set_title("utility vs KL", fontsize=9)
+    return _save(fig, path)
+
+
+# -------------------------------------------------------------------------------------------------- main
+def check_eval_config(ev) -> None:
+    """Refuse a bad ``eval`` node of ``recipe=eval`` naming its key (cheap: nothing is loaded; the CLI calls it
+    before building any stage)."""
+    policies = ev.get("policies") or {}
+    bon = ev.get("bon") or {}
+    checks = [
+        ("policies", len(policies) >= 1, "must name at least one policy folder"),
+        ("baseline", ev.get("baseline") in policies, f"must be one of eval.policies {sorted(policies)}"),
+        ("n_samples", int(ev.get("n_samples") or 0) >= 1, "must be >= 1"),
+        ("batch_size", int(ev.get("batch_size") or 0) >= 1, "must be >= 1"),
+        ("max_new_tokens", int(ev.get("max_new_tokens") or 0) >= 1, "must be >= 1"),
+        ("temperature", float(ev.get("temperature") or 0) > 0, "must be > 0 (KL and Best-of-N need sampling)"),
+        ("n_resamples", int(ev.get("n_resamples") or 0) >= 1, "must be >= 1"),
+        ("tie_band", float(ev.get("tie_band") or 0) >= 0, "must be >= 0"),
+        ("bon.n", all(int(n) >= 1 for n in bon.get("n") or []), "entries must be >= 1"),
+        ("bon.curve_max", int(bon.get("curve_max") or 0) >= 0, "must be >= 0 (0: no curve)"),
+        ("bon.policy", not (bon.get("n") or bon.get("curve_max")) or bon.get("policy") in policies,
+         f"must be one of eval.policies {sorted(policies)}"),
+        ("judge", callable(ev.get("judge")) or ev.get("judge") == "toy_gold"
+         or str(ev.get("judge")).startswith("rm:") or ":" in str(ev.get("judge")),
+         "must be toy_gold, rm:<reward model folder> or <module>:<callable>"),
+    ]
+    for key, ok, rule in checks:
+        if not ok:
+            value = _lookup(ev, key)
+            raise ValueError(f"eval.{key} {rule}, got {value!r}")
+
+
+def _lookup(node, key: str):
+    """``node.a.b`` for ``key = "a.b"`` (None when a part is missing)."""
+    for part in key.split("."):
+        node = node.get(part) if hasattr(node, "get") else None
+    return node
+
+
+def run_eval(cfg, out_dir: Path) -> dict:
+    """Evaluate the policies of ``cfg.eval`` (see the module docstring); returns the summary."""
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    from lrlhf.callbacks.goodhart import plot_goodhart
+    from lrlhf.data.formats import load_records
+    from lrlhf.eval.best_of_n import toy_gold_judge
+    from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
+    from lrlhf.modules.reward import load_calibration, load_reward_model
+
+    ev = cfg.eval
+    check_eval_config(ev)
+    policies = dict(OmegaConf.to_container(ev.policies, resolve=True))
+    bon_ns = [int(n) for n in ev.bon.n]
+    prompts, _ = load_records(str(ev.prompts), "prompt", verbose=False)
+    if ev.get("max_prompts"):
+        prompts = prompts[:ev.max_prompts]
+    groups = [_group_label(p, ev.subgroup_key) for p in prompts]
+    judge = resolve_judge(ev.judge)
+    judge_is_gold = judge is toy_gold_judge
+    has_gold = all("task" in p.meta for p in prompts)
+    tokenizer = load_tokenizer(ModelConfig(str(ev.reference)))
+    reference = load_causal_lm(ModelConfig(str(ev.reference)))
+    reward_model = load_reward_model(str(ev.reward_model))
+    calibration = load_calibration(str(ev.calibration)) if ev.get("calibration") else None
+    sampling = SamplingConfig(ev.max_new_tokens, ev.temperature, cfg.seed)
+    common = dict(reward_model=reward_model, calibration=calibration, batch_size=ev.batch_size)
+
+    def finish(samples: Samples) -> Samples:  # gold and judge utilities, computed once per sample
+        if has_gold and not samples.gold:
+            samples.gold = [[toy_gold_judge(p, t) for t in texts] for p, texts in zip(prompts, samples.texts,
+                                                                                    strict=True)]
+        if not samples.judge and not is_pairwise(judge):
+            samples.judge = samples.gold if judge_is_gold else [
+                [float(judge(p, t)) for t in texts] for p, texts in zip(prompts, samples.texts, strict=True)]
+        return samples
+
+    evaluated: dict[str, Samples] = {}
+    for name, path in policies.items():
+        print(f"eval: sampling {name} ({path})")
+        same = Path(path).resolve() == Path(str(ev.reference)).resolve()
+        model = reference if same else load_causal_lm(ModelConfig(path))
+        evaluated[name] = finish(sample_policy(model, tokenizer, prompts, ev.n_samples, sampling, name=name,
+                                               reference=None if same else reference, **common))
+    curve = []
+    if bon_ns or ev.bon.curve_max:
+        pool_size = max([ev.bon.curve_max, *(n * ev.n_samples for n in bon_ns)])
+        source = policies[ev.bon.policy]
+        print(f"eval: Best-of-N pool, {pool_size} samples per prompt from {ev.bon.policy}")
+        pool_model = reference if Path(source).resolve() == Path(str(ev.reference)).resolve() else \
+            load_causal_lm(ModelConfig(source))
+        pool_sampling = SamplingConfig(ev.max_new_tokens, ev.temperature, cfg.seed + 1)  # not the policies' draws
+        pool = finish(sample_policy(pool_model, tokenizer, prompts, pool_size, pool_sampling, name="pool", **common))
+        for n in bon_ns:
+            evaluated[f"bon{n}"] = best_of_n_from_pool(pool, n, ev.n_samples)
+        if has_gold:
+            curve = [(n, bon_kl(n), _mean(bon_expected(pp, gg, n) for pp, gg in zip(pool.proxy, pool.gold,
+                                                                                      strict=True)))
+                     for n in range(1, ev.bon.curve_max + 1)]
+    baseline = evaluated[ev.baseline]
+    rows = [policy_row(s, baseline, prompts, groups, judge, judge_is_gold, ev.tie_band, ev.bad_below, cfg.seed,
+                       ev.n_resamples) for s in evaluated.values()]
+    columns = [c for c in TABLE_COLUMNS if any(r.get(c) is not None for r in rows)]
+    every = list(dict.fromkeys(k for r in rows for k in r))  # the CSV keeps every figure, the Markdown the main ones
+    md, csv_path = write_table(rows, out_dir / "eval_table", columns, csv_columns=every)
+    plots = {}
+    if has_gold:
+        plots["utility_vs_kl"] = str(plot_utility_vs_kl(rows, curve, out_dir / "utility_vs_kl.png", ev.baseline))
+    history = _goodhart_history(cfg)
+    if history is not None:
+        hist, source = history
+        plots["goodhart"] = str(plot_goodhart(
+            hist["history"], hist.get("best_index"), out_dir / "goodhart.png",
+            title=f"one PPO run over its checkpoints: held-out gold and proxy ({Path(source).parent.name})"))
+    results = {"prompts": len(prompts), "n_samples": ev.n_samples, "sampling": sampling.__dict__,
+               "judge": getattr(judge, "__name__", type(judge).__name__), "baseline": ev.baseline,
+               "policies": policies, "rows": rows, "bon_curve": [{"n": n, "kl": k, "gold": g} for n, k, g in curve]}
+    atomic_write_text(out_dir / "eval_results.json", json.dumps(results, indent=2, default=list) + "\n")
+    if cfg.get("logger"):
+        _log(instantiate(cfg.logger), rows, plots, cfg)
+    return {"table": str(md), "csv": str(csv_path), "results": str(out_dir / "eval_results.json"), "plots": plots,
+            "table_markdown": md.read_text(), **{f"gold/{r['policy']}": r.get("gold") for r in rows},
+            "export": str(out_dir)}
+
+
+def _goodhart_history(cfg) -> tuple[dict, str] | None:
+    stage = cfg.eval.get("goodhart_stage")
+    if not stage or stage not in cfg.deps:
+        return None
+    found = sorted(Path(cfg.deps[stage]).rglob("heldout_history.json"))
+    if not found:
+        return None
+    history = json.loads(found[0].read_text())
+    return (history, str(found[0])) if history.get("history") else None
+
+
+def _log(logger, rows: Sequence[dict], plots: dict, cfg) -> None:
+    from omegaconf import OmegaConf
+
+    logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    for row in rows:
+        logger.log_metrics({f"eval/{row['policy']}/{k}": v for k, v in row.items()
+                            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)})
+    if hasattr(logger, "log_table"):  # WandbLogger
+        columns = [c for c in TABLE_COLUMNS if c in rows[0]]
+        logger.log_table(key="eval/table", columns=columns, data=[[str(r.get(c)) for c in columns] for r in rows])
+    if hasattr(logger, "log_image"):
+        for key, path in plots.items():
+            logger.log_image(key=f"eval/{key}", images=[path])
+    logger.finalize("success")

@@ -1,0 +1,88 @@
+"""Judges of responses, and pairwise judging with the A/B order randomised.
+
+A **pointwise judge** is any callable ``judge(prompt, response) -> float`` (higher is better): the toy world's gold
+utility (:func:`lrlhf.eval.toy_gold_judge`), a held-out reward model (:func:`reward_model_judge`), a rule set.
+A **pairwise judge** (e.g. an LLM asked "which answer is better?") sees two responses at once and may favour the
+first or the second position; mark it with ``pairwise = True`` and make it return the utilities of
+``(first, second)``. :func:`judge_pairs` shows it A and B in a seeded random order and un-swaps the answer, so a
+position bias cannot favour either policy. Pointwise judges see one response at a time and need no such care.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+from collections.abc import Callable, Sequence
+
+from lrlhf.data.records import PromptExample
+
+Judge = Callable[[PromptExample, str], float]
+
+
+def is_pairwise(judge) -> bool:
+    return bool(getattr(judge, "pairwise", False))
+
+
+def judge_pairs(prompts: Sequence[PromptExample], a: Sequence[str], b: Sequence[str], judge,
+                seed: int = 0) -> tuple[list[float], list[float], list[bool]]:
+    """Utilities of A's and B's responses to the same prompts: ``(u_a, u_b, swapped)``.
+
+    A pointwise judge scores each response alone. A pairwise judge (``judge.pairwise``) is called as
+    ``judge(prompt, first, second) -> (u_first, u_second)`` with A first unless ``swapped[i]`` (a fair coin per
+    comparison from ``random.Random(seed)``), and its answer is mapped back to (A, B).
+    """
+    if not len(prompts) == len(a) == len(b):
+        raise ValueError(f"{len(prompts)} prompts, {len(a)} responses of A and {len(b)} of B; need one each")
+    if not is_pairwise(judge):
+        return [float(judge(p, r)) for p, r in zip(prompts, a, strict=True)], \
+            [float(judge(p, r)) for p, r in zip(prompts, b, strict=True)], [False] * len(a)
+    rng = random.Random(seed)
+    u_a, u_b, swapped = [], [], []
+    for prompt, ra, rb in zip(prompts, a, b, strict=True):
+        swap = rng.random() < 0.5
+        first, second = judge(prompt, rb, ra) if swap else judge(prompt, ra, rb)
+        u_a.append(float(second if swap else first))
+        u_b.append(float(first if swap else second))
+        swapped.append(swap)
+    return u_a, u_b, swapped
+
+
+def reward_model_judge(folder: str, max_length: int = 1024) -> Judge:
+    """A held-out reward model (the folder of :meth:`RewardModule.export`) as a pointwise judge: its raw score
+    of the (prompt, response) rendered with the chat template. Use one trained on other data than the proxy."""
+    from lrlhf.eval.best_of_n import reward_model_scorer
+    from lrlhf.models import ModelConfig, load_tokenizer
+    from lrlhf.modules.reward import load_reward_model
+
+    scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(folder)), max_length)
+
+    def judge(prompt: PromptExample, response: str) -> float:
+        return scorer([prompt], [response])[0]
+
+    judge.__name__ = f"rm:{folder}"
+    return judge
+
+
+def resolve_judge(spec: str | Callable) -> Callable:
+    """A judge from its config value: ``toy_gold``, ``rm:<reward model folder>``, ``<module>:<attribute>`` (a
+    callable, or a zero-argument factory marked ``factory = True``), or the callable itself."""
+    if callable(spec):
+        return spec
+    if spec == "toy_gold":
+        from lrlhf.eval.best_of_n import toy_gold_judge
+
+        return toy_gold_judge
+    if spec.startswith("rm:"):
+        return reward_model_judge(spec[3:])
+    module, _, attribute = spec.partition(":")
+    if not attribute:
+        raise ValueError(f"eval.judge must be toy_gold, rm:<folder> or <module>:<callable>, got {spec!r}")
+    try:
+        judge = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as err:
+        raise ValueError(f"eval.judge={spec!r}: {err}") from err
+    if getattr(judge, "factory", False):
+        judge = judge()
+    if not callable(judge):
+        raise ValueError(f"eval.judge={spec!r} is not callable")
+    return judge

@@ -1,0 +1,52 @@
+"""Judges: pairwise judging randomises and undoes the A/B order; judges resolve from their config values."""
+
+import pytest
+
+from lrlhf.data.records import PromptExample
+from lrlhf.eval.best_of_n import toy_gold_judge
+from lrlhf.eval.judges import judge_pairs, resolve_judge
+
+PROMPT = PromptExample([{"role": "user", "content": "q"}])
+
+
+class FirstPositionJudge:
+    """A maximally position-biased pairwise judge: the first answer it sees always wins."""
+
+    pairwise = True
+
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, prompt, first, second):
+        self.seen.append((first, second))
+        return 1.0, 0.0
+
+
+def test_pairwise_judge_sees_a_and_b_in_random_order_and_answers_are_unswapped():
+    judge = FirstPositionJudge()
+    n = 200
+    a = [f"a{i}" for i in range(n)]
+    b = [f"b{i}" for i in range(n)]
+    u_a, u_b, swapped = judge_pairs([PROMPT] * n, a, b, judge, seed=3)
+    for i in range(n):
+        assert judge.seen[i] == ((b[i], a[i]) if swapped[i] else (a[i], b[i]))
+        assert (u_a[i], u_b[i]) == ((0.0, 1.0) if swapped[i] else (1.0, 0.0))
+    assert 70 <= sum(swapped) <= 130  # a fair coin: the bias splits between A and B (binomial sd 7)
+    assert judge_pairs([PROMPT] * n, a, b, FirstPositionJudge(), seed=3)[2] == swapped  # seeded
+
+
+def test_pointwise_judge_scores_each_response_alone():
+    u_a, u_b, swapped = judge_pairs([PROMPT] * 2, ["x", "xyz"], ["xy", ""], lambda p, r: float(len(r)))
+    assert (u_a, u_b, swapped) == ([1.0, 3.0], [2.0, 0.0], [False, False])
+    with pytest.raises(ValueError, match="one each"):
+        judge_pairs([PROMPT], ["x"], [], len)
+
+
+def test_resolve_judge():
+    assert resolve_judge("toy_gold") is toy_gold_judge
+    assert resolve_judge("math:fabs")(-2.0) == 2.0
+    assert resolve_judge(len) is len
+    with pytest.raises(ValueError, match="eval.judge"):
+        resolve_judge("nonsense")
+    with pytest.raises(ValueError, match="eval.judge='math:nope'"):
+        resolve_judge("math:nope")
