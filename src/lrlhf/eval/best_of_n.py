@@ -49,7 +49,9 @@ def reward_model_scorer(reward_model, tokenizer, max_length: int = 1024, batch_s
     def score(prompts: Sequence[PromptExample], responses: Sequence[str]) -> list[float]:
         device = next(reward_model.parameters()).device
         encoded = [
-            encode_chat(tokenizer, p.prompt, [[{"role": "assistant", "content": r}]], max_length=max_length)[0]
+            # "keep": a score for any text (a response spelling a special token is read as the RM would read it)
+            encode_chat(tokenizer, p.prompt, [[{"role": "assistant", "content": r}]], max_length=max_length,
+                        special_text="keep")[0]
             for p, r in zip(prompts, responses, strict=True)
         ]
         scores: list[float] = []

@@ -83,7 +83,8 @@ def sample_policy(model, tokenizer, prompts: Sequence[PromptExample], n: int, sa
     if sampling.temperature <= 0:
         raise ValueError("eval.temperature must be > 0: KL and Best-of-N need sampled responses")
     rows = [p for p in prompts for _ in range(n)]
-    encoded = [encode_prompt(tokenizer, p, max_length=max_prompt_length, truncation="left") for p in rows]
+    encoded = [encode_prompt(tokenizer, p, max_length=max_prompt_length, truncation="left", special_text="error")
+               for p in rows]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = sorted(eos_token_ids(model, tokenizer))
     texts, lengths, proxy, kls, ids = [], [], [], [], []
