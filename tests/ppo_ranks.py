@@ -3,7 +3,9 @@
 ``python -m torch.distributed.run --nproc_per_node=2 tests/ppo_ranks.py {fsdp2,ddp} WORLD_DIR OUT_DIR N M``
 writes ``OUT_DIR/rank<r>.pt`` per rank: for each run (``straight``, ``first``, ``resumed``) the sampled ids of
 every rollout, the trained weights (gathered to full tensors), the KL controller's beta, the rollouts done, and
-the torch RNG state at the start of training (per-rank sampling streams). Used by ``tests/test_strategies.py``.
+the torch RNG state at the start of training (per-rank sampling streams); the straight run also keeps the best
+held-out checkpoint (the first) and restores it with the CLI's ``_restore_best`` (``restored``: the weights
+after that). Used by ``tests/test_strategies.py``.
 """
 
 import sys
@@ -22,10 +24,10 @@ class RecordSamples:
         super().on_train_start()
         self.start_rng = torch.get_rng_state()
 
-    def generate(self, query_ids, query_mask):
-        ids = super().generate(query_ids, query_mask)
-        self.sampled.append(ids.clone())
-        return ids
+    def make_rollout(self, batch):
+        rollout = super().make_rollout(batch)
+        self.sampled.append(rollout.response_ids.clone())  # (the held-out evaluation generates too: not kept)
+        return rollout
 
 
 def module(world, tokenizer):
@@ -53,10 +55,10 @@ def trained(module) -> dict[str, torch.Tensor]:
     return out
 
 
-def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None) -> dict:
+def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None, restore_best=False) -> dict:
     from transformers import AutoTokenizer
 
-    from lrlhf.callbacks import KLControlCallback, ResumableCheckpoint
+    from lrlhf.callbacks import HeldOutUtilityEarlyStopping, KLControlCallback, ResumableCheckpoint
     from lrlhf.data.datamodules import PromptDataModule
     from lrlhf.strategies import FSDP2Strategy
 
@@ -66,6 +68,10 @@ def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None) -> dict:
     ppo = module(world, tokenizer)
     callbacks = [KLControlCallback("adaptive", target=0.5, horizon=20.0),
                  ResumableCheckpoint(dirpath=out / "ckpt", keep_last_k=2)]
+    if restore_best:  # held-out utility after each rollout; min_delta so large that the first one stays best
+        callbacks.append(HeldOutUtilityEarlyStopping(world.eval_prompts, every_n_rollouts=1, patience=None,
+                                                     min_delta=1e9, batch_size=8, plot=False,
+                                                     dirpath=out / "best"))
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=FSDP2Strategy() if strategy == "fsdp2" else strategy,
                          max_epochs=-1, max_steps=rollouts * ppo.updates_per_rollout(BATCH), logger=False,
                          callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
@@ -74,18 +80,30 @@ def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None) -> dict:
     trainer.fit(ppo, datamodule=data, ckpt_path=ckpt_path)
     from torch.distributed.tensor import DTensor
 
-    return {"sampled": ppo.sampled, "weights": trained(ppo), "beta": float(ppo.kl_controller.value),
+    extra, weights = {}, trained(ppo)
+    if restore_best:  # the CLI's restore of the best checkpoint (a sharded folder under FSDP2)
+        from lrlhf.cli import _restore_best
+
+        chosen = _restore_best(trainer, ppo)
+        extra = {"restored": trained(ppo), "chosen_rollout": chosen["chosen/rollout"],
+                 "chosen_is_folder": Path(chosen["chosen/checkpoint"]).is_dir()}
+    return {**extra,"sampled": ppo.sampled, "weights": weights, "beta": float(ppo.kl_controller.value),
             "sharded": [isinstance(p, DTensor) for p in ppo.parameters()],
             "rollouts_done": ppo.rollouts_done, "global_step": trainer.global_step,
             "start_rng": ppo.start_rng, "strategy": type(trainer.strategy).__name__}
 
 
 if __name__ == "__main__":
+    import faulthandler
+    import os
+
+    # a hang (a collective one rank never joins) prints every thread's stack and fails instead of blocking
+    faulthandler.dump_traceback_later(int(os.environ.get("LRLHF_HANG_TIMEOUT", "200")), exit=True)
     from lrlhf.data.toy import ToyWorldPaths
 
     strategy, world_dir, out_dir, n, m = sys.argv[1], sys.argv[2], Path(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     world = ToyWorldPaths.under(world_dir)
-    results = {"straight": run(strategy, world, out_dir / "straight", n + m)}
+    results = {"straight": run(strategy, world, out_dir / "straight", n + m, restore_best=True)}
     results["first"] = run(strategy, world, out_dir / "split", n)
     results["resumed"] = run(strategy, world, out_dir / "split", n + m, ckpt_path="last")
     torch.save(results, out_dir / f"rank{torch.distributed.get_rank()}.pt")

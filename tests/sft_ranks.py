@@ -105,6 +105,11 @@ def train(strategy: str, task: str = "sft") -> dict[str, torch.Tensor]:
 
 
 if __name__ == "__main__":
+    import faulthandler
+    import os
+
+    # a hang (a collective one rank never joins) prints every thread's stack and fails instead of blocking
+    faulthandler.dump_traceback_later(int(os.environ.get("LRLHF_HANG_TIMEOUT", "200")), exit=True)
     results = {}
     for run in sys.argv[2:]:
         task, strategy = run.split(":")

@@ -220,3 +220,24 @@ def test_rank_seed_is_deterministic_and_distinct():
 def test_fsdp2_refuses_a_trainable_tied_embedding():
     with pytest.raises(ValueError, match="tied to its LM head and trainable"):
         fully_shard_model(sft_ranks.tiny_llama(tied=True), mesh=None)
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
+def test_the_cli_restores_the_best_held_out_checkpoint(ppo_runs, strategy):
+    """cli._restore_best loads best.ckpt (a sharded folder under FSDP2, a file under DDP) into the trained model:
+    the first rollout's weights (min_delta keeps the first evaluation best), as a run of that one rollout ended."""
+    for runs in ppo_runs[strategy]:
+        straight, first = runs["straight"], runs["first"]
+        assert straight["chosen_rollout"] == 1 and straight["chosen_is_folder"] == (strategy == "fsdp2")
+        assert any(not torch.equal(straight["weights"][k], first["weights"][k]) for k in first["weights"])
+        assert all(torch.equal(straight["restored"][k], first["weights"][k]) for k in first["weights"])
+
+
+def test_restoring_a_sharded_checkpoint_under_a_single_device_strategy_is_refused(tmp_path):
+    import lightning.pytorch as pl
+
+    from lrlhf.cli import _restore_sharded
+
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    with pytest.raises(RuntimeError, match="is a sharded checkpoint .* SingleDeviceStrategy .* strategy=fsdp2"):
+        _restore_sharded(trainer, tmp_path)
