@@ -30,14 +30,14 @@ class RecordSamples:
         return rollout
 
 
-def module(world, tokenizer):
+def module(world, tokenizer, lr=5e-2):
     from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
     from lrlhf.modules import PPOConfig, PPOModule
 
     cls = type("Recorded", (RecordSamples, PPOModule), {})
     torch.manual_seed(0)
     reward = ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
-    config = PPOConfig(max_new_tokens=6, ppo_epochs=2, minibatch_size=1, forward_batch_size=2, lr=5e-2,
+    config = PPOConfig(max_new_tokens=6, ppo_epochs=2, minibatch_size=1, forward_batch_size=2, lr=lr,
                        kl_coef=0.1, policy_lora=LoraSpec(r=2), value_lora=LoraSpec(r=2))
     out = cls(ModelConfig(str(world.model)), reward, tokenizer, config)
     out.sampled = []
@@ -55,7 +55,7 @@ def trained(module) -> dict[str, torch.Tensor]:
     return out
 
 
-def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None, restore_best=False) -> dict:
+def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None, restore_best=False, lr=5e-2) -> dict:
     from transformers import AutoTokenizer
 
     from lrlhf.callbacks import HeldOutUtilityEarlyStopping, KLControlCallback, ResumableCheckpoint
@@ -65,7 +65,7 @@ def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None, restore_
     torch.set_num_threads(1)
     pl.seed_everything(0, verbose=False)
     tokenizer = AutoTokenizer.from_pretrained(world.tokenizer)
-    ppo = module(world, tokenizer)
+    ppo = module(world, tokenizer, lr)
     callbacks = [KLControlCallback("adaptive", target=0.5, horizon=20.0),
                  ResumableCheckpoint(dirpath=out / "ckpt", keep_last_k=2)]
     if restore_best:  # held-out utility after each rollout; min_delta so large that the first one stays best
@@ -106,4 +106,9 @@ if __name__ == "__main__":
     results = {"straight": run(strategy, world, out_dir / "straight", n + m, restore_best=True)}
     results["first"] = run(strategy, world, out_dir / "split", n)
     results["resumed"] = run(strategy, world, out_dir / "split", n + m, ckpt_path="last")
+    try:  # another learning rate: the checkpoint's config check refuses it (sharded: after the weights loaded)
+        run(strategy, world, out_dir / "split", n + m + 1, ckpt_path="last", lr=1e-3)
+        results["refused"] = ""
+    except ValueError as error:
+        results["refused"] = str(error)
     torch.save(results, out_dir / f"rank{torch.distributed.get_rank()}.pt")

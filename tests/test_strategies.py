@@ -196,6 +196,9 @@ def test_ppo_resume_equals_uninterrupted_on_two_ranks(ppo_runs, strategy):
             assert torch.equal(a, b)
         assert resumed["beta"] == straight["beta"]
         assert all(torch.equal(straight["weights"][k], resumed["weights"][k]) for k in straight["weights"])
+        # resuming with another ppo.lr is refused, naming the key and both values
+        assert "cannot resume from" in runs["refused"] and "hparams.ppo.lr: checkpoint 0.05, this run 0.001" in runs[
+            "refused"], runs["refused"]
 
 
 def test_each_rank_samples_its_own_stream(ppo_runs):
