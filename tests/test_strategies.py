@@ -16,7 +16,7 @@ from lrlhf.utils.distributed import rank_seed
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import ppo_ranks  # noqa: E402,F401  (the script the PPO tests launch)
+import ppo_ranks  # noqa: E402
 import sft_ranks  # noqa: E402
 
 STEP_RUNS = ["sft:ddp", "sft:fsdp", "sft:fsdp2", "rm:ddp", "rm:fsdp", "rm:fsdp2", "sft_tied_lora:fsdp2"]
@@ -157,6 +157,8 @@ def ppo_runs(toy_world, tmp_path_factory):
         folder = tmp_path_factory.mktemp(strategy)
         _torchrun("ppo_ranks.py", strategy, toy_world.root, folder, N, M)
         out[strategy] = [torch.load(folder / f"rank{r}.pt", weights_only=True) for r in range(2)]
+        for runs in out[strategy]:
+            runs["folder"] = folder
     return out
 
 
@@ -244,3 +246,30 @@ def test_restoring_a_sharded_checkpoint_under_a_single_device_strategy_is_refuse
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     with pytest.raises(RuntimeError, match="is a sharded checkpoint .* SingleDeviceStrategy .* strategy=fsdp2"):
         _restore_sharded(trainer, tmp_path)
+
+
+def test_a_sharded_checkpoint_loads_into_one_process_for_export(ppo_runs, toy_world, tmp_path):
+    """The FSDP2 run's last sharded checkpoint (rollout N + M) loaded into a fresh single-process module gives the
+    trained weights; the module then exports a full HF model whose policy adapter holds them."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer
+
+    from lrlhf.strategies import load_sharded_checkpoint
+
+    runs = ppo_runs["fsdp2"][0]
+    folder = runs["folder"] / "split" / "ckpt" / "last.ckpt"
+    assert folder.is_dir() and (folder / "meta.pt").is_file()
+    module = ppo_ranks.module(toy_world, AutoTokenizer.from_pretrained(toy_world.tokenizer))
+    module.configure_model()
+    meta = load_sharded_checkpoint(module, folder)
+    assert meta["rollouts_done"] == N + M and meta["kl_controller"]
+    loaded = ppo_ranks.trained(module)
+    assert loaded.keys() == runs["resumed"]["weights"].keys()
+    assert all(torch.equal(loaded[k], runs["resumed"]["weights"][k]) for k in loaded)
+    paths = module.export(tmp_path / "export")
+    adapter = load_file(paths["adapter"] / "adapter_model.safetensors")
+    name = next(k for k in loaded if "lora_B.policy" in k)  # e.g. model.base_model.model....lora_B.policy.weight
+    short = name.removeprefix("model.").replace(".policy", "")
+    assert torch.equal(adapter[short], loaded[name])
+    with pytest.raises(FileNotFoundError, match="not a sharded checkpoint folder"):
+        load_sharded_checkpoint(module, tmp_path)

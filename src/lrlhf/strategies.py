@@ -255,5 +255,28 @@ class FSDP2Strategy(ModelParallelStrategy):
             _optimizers_to_device(self.optimizers, self.root_device)
 
 
+def load_sharded_checkpoint(module: nn.Module, path, strict: bool = True) -> dict:
+    """Load the weights of a sharded checkpoint folder (torch.distributed.checkpoint, as ``strategy=fsdp2``
+    writes it) into an unsharded ``module`` in one process -- e.g. to export a full HF model after a sharded run:
+    build the module as for training (``configure_model()``), load, then ``module.export(...)``.
+
+    The folder is converted with torch's ``dcp_to_torch_save`` (no process group needed). Returns Lightning's
+    metadata (``meta.pt``: loop state, callbacks, the module's ``on_save_checkpoint`` extras).
+    """
+    import tempfile
+    from pathlib import Path
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = Path(path)
+    if not (path.is_dir() and (path / ".metadata").is_file()):
+        raise FileNotFoundError(f"{path}: not a sharded checkpoint folder (no .metadata)")
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(path, Path(tmp) / "full.pt")
+        full = torch.load(Path(tmp) / "full.pt", weights_only=True)
+    module.load_state_dict(full["state_dict"], strict=strict)
+    return torch.load(path / "meta.pt", weights_only=True)
+
+
 __all__ = ["CPUFSDPStrategy", "DecoderLayerWrapPolicy", "FSDP2Strategy", "decoder_layer_classes",
-           "full_params_for_generation", "fully_shard_model", "is_fsdp_wrapped"]
+           "full_params_for_generation", "fully_shard_model", "is_fsdp_wrapped", "load_sharded_checkpoint"]
