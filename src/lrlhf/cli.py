@@ -264,13 +264,29 @@ def _restore_best(trainer, module) -> dict:
         return {}
     found = {"chosen/rollout": stopper.best["rollout"], "chosen/heldout_utility": stopper.best["utility"],
              "goodhart_plot": str(Path(trainer.log_dir or trainer.default_root_dir) / "goodhart.png")}
-    if stopper.best_model_path:
+    if stopper.best_model_path and Path(stopper.best_model_path).is_dir():
+        _restore_sharded(trainer, Path(stopper.best_model_path))
+        found["chosen/checkpoint"] = stopper.best_model_path
+    elif stopper.best_model_path:
         state = torch.load(stopper.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
         unexpected = module.load_state_dict(state, strict=False).unexpected_keys  # frozen weights are not saved
         if unexpected:
             raise RuntimeError(f"{stopper.best_model_path}: unexpected weights {unexpected[:5]}")
         found["chosen/checkpoint"] = stopper.best_model_path
     return found
+
+
+def _restore_sharded(trainer, path: Path) -> None:
+    """Load a sharded checkpoint folder (``strategy=fsdp2``, or ``fsdp`` with ``state_dict_type: sharded``) into
+    the trained, still sharded model: every rank reads its own shards (a collective). Refused, naming the
+    folder, under a strategy that cannot read it."""
+    from lrlhf.callbacks.checkpoint import is_sharded
+
+    if not is_sharded(trainer):
+        raise RuntimeError(f"{path} is a sharded checkpoint (a folder of per-rank shards) and this run's strategy "
+                           f"{type(trainer.strategy).__name__} does not write or read sharded checkpoints; restore "
+                           "it under the strategy that wrote it (e.g. strategy=fsdp2)")
+    trainer.strategy.load_checkpoint(path)  # weights (and optimiser states) into the sharded model
 
 
 def _compare_with_sft(cfg, module, name: str = "ppo") -> dict:

@@ -1,18 +1,26 @@
-"""FSDP pieces for ``strategy=fsdp``: the auto-wrap policy resolved from the model, a CPU (gloo) FSDP strategy
-for tests, and generation on an FSDP-wrapped model.
+"""FSDP pieces for ``strategy=fsdp`` / ``strategy=fsdp2``: the auto-wrap policy resolved from the model, a CPU
+(gloo) FSDP1 strategy for tests, generation on an FSDP1-wrapped model, and FSDP2 (``fully_shard``) applied by
+the strategy.
 
 On GPU ``configs/strategy/fsdp.yaml`` is Lightning's own ``FSDPStrategy`` with :class:`DecoderLayerWrapPolicy`.
 :class:`CPUFSDPStrategy` only exists because Lightning refuses ``strategy="fsdp"`` without a GPU; it runs the
 same FSDP1 wrapping on CPU with gloo (``docs/distributed.md``).
+
+:class:`FSDP2Strategy` is Lightning's ``ModelParallelStrategy`` (data parallel only) that applies
+:func:`fully_shard_model` itself, so the LightningModules need no parallelism code. It runs on GPU (NCCL) and on
+CPU (gloo) alike. PPO needs it: its manual optimisation runs several forward/backward passes per Trainer batch,
+which FSDP1's root unit (wrapped around ``training_step`` by Lightning) refuses.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 
 import torch
-from lightning.pytorch.strategies import FSDPStrategy
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from torch import nn
 from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.distributed.fsdp.wrap import ModuleWrapPolicy, _Policy
@@ -107,5 +115,168 @@ def full_params_for_generation(root: nn.Module | None) -> Iterator[None]:
         yield
 
 
-__all__ = ["CPUFSDPStrategy", "DecoderLayerWrapPolicy", "decoder_layer_classes", "full_params_for_generation",
-           "is_fsdp_wrapped"]
+def _transformer_bodies(root: nn.Module) -> list[nn.Module]:
+    """The transformer bodies inside ``root`` (``LlamaModel`` of a ``LlamaForCausalLM``: embeddings, blocks, final
+    norm), each once: the ``base_model_prefix`` module of every transformers model, or the model itself."""
+    from transformers import PreTrainedModel
+
+    bodies: dict[int, nn.Module] = {}
+    for module in root.modules():
+        if isinstance(module, PreTrainedModel):
+            body = getattr(module, module.base_model_prefix, None)
+            body = body if isinstance(body, nn.Module) else module
+            bodies[id(body)] = body
+    return list(bodies.values())
+
+
+def fully_shard_model(root: nn.Module, mesh, layer_names: Sequence[str] | None = None,
+                      reshard_after_forward: bool = True, mp_policy=None) -> list[nn.Module]:
+    """Apply FSDP2 (``torch.distributed.fsdp.fully_shard``) to every model inside ``root`` (a LightningModule),
+    bottom-up, so that every parameter belongs to exactly one unit whose forward runs wherever it is used:
+
+    1. one unit per transformer block (:func:`decoder_layer_classes`);
+    2. one unit per transformer body (embeddings, final norm): every path runs through it -- the LM head's
+       forward, ``generate``, and the value / reward heads, which call the body directly
+       (:func:`lrlhf.models.heads.decoder`). An input embedding tied to an LM head outside the body (SmolLM2,
+       small Qwen2) is left out of the sharding (``ignored_params``: replicated on every rank, the tie kept);
+       it must be frozen (LoRA), since FSDP2 would not reduce its gradient -- a trainable tied embedding is
+       refused (use ``strategy=ddp`` or ``fsdp`` for full fine-tuning of such a model);
+    3. one unit per module that still owns parameters of its own: the LM head (untied), LoRA layers outside the
+       blocks, the scalar heads. Trainable parameters must all be in units, or their gradients would not be
+       reduced across ranks.
+
+    Frozen weights are sharded too (the base under LoRA adapters, a separate reward model). Parameter names do
+    not change (unlike FSDP1). Returns the sharded modules in the order they were sharded.
+
+    Args:
+        mesh: the data-parallel ``DeviceMesh``.
+        layer_names: class names of the blocks; None = the models' ``_no_split_modules``.
+        reshard_after_forward: of the blocks (True: ZeRO-3 memory; False: ZeRO-2, no all-gather in backward).
+        mp_policy: a ``MixedPrecisionPolicy``; None = the parameters' dtype.
+    """
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.tensor import DTensor
+
+    kw = {"mesh": mesh, "mp_policy": mp_policy or MixedPrecisionPolicy()}
+    sharded: list[nn.Module] = []
+    ignored: set[int] = set()  # ids of tied parameters left replicated
+
+    def shard(module: nn.Module, reshard: bool, ignored_params: set[nn.Parameter] | None = None) -> None:
+        fully_shard(module, reshard_after_forward=reshard, ignored_params=ignored_params or None, **kw)
+        sharded.append(module)
+
+    def plain(module: nn.Module, recurse: bool) -> list[nn.Parameter]:
+        return [p for p in module.parameters(recurse=recurse) if not isinstance(p, DTensor) and id(p) not in ignored]
+
+    # 0. input embeddings tied to an LM head outside their body: left replicated, and only when frozen
+    tied_of: dict[int, dict[int, nn.Parameter]] = {}
+    for body in _transformer_bodies(root):
+        inside, within = {id(p) for p in body.parameters()}, {id(m) for m in body.modules()}
+        tied_of[id(body)] = {id(p): p for m in root.modules() if id(m) not in within
+                             for p in m.parameters(recurse=False) if id(p) in inside}
+        if any(p.requires_grad for p in tied_of[id(body)].values()):
+            raise ValueError("strategy=fsdp2: the model's input embedding is tied to its LM head and trainable; "
+                             "FSDP2 cannot shard a weight shared across units. Train it with LoRA (the base "
+                             "frozen), untie the embeddings, or use strategy=ddp / strategy=fsdp")
+    # 1. blocks
+    blocks = tuple(decoder_layer_classes(root, layer_names))
+    for module in root.modules():
+        if isinstance(module, blocks) and not isinstance(module, FSDPModule):
+            shard(module, reshard_after_forward)
+    # 2. bodies (embedding + final norm + the rotary buffers)
+    for body in _transformer_bodies(root):
+        tied = tied_of[id(body)]
+        ignored.update(tied)
+        if not isinstance(body, FSDPModule) and plain(body, recurse=True):
+            shard(body, reshard_after_forward, set(tied.values()))
+    # 3. whatever still owns plain parameters (LM head, heads), at the module that owns them
+    for module in root.modules():
+        if plain(module, recurse=False):
+            shard(module, True)
+    return sharded
+
+
+class FSDP2Strategy(ModelParallelStrategy):
+    """FSDP2 data parallelism: Lightning's ``ModelParallelStrategy`` over all processes (tensor parallel size 1),
+    with :func:`fully_shard_model` applied by the strategy after ``configure_model`` (so a module that builds its
+    model in ``__init__`` works too). GPU (NCCL) and CPU (gloo) alike.
+
+    FSDP2 has no root unit wrapped around ``training_step``: each unit gathers its parameters in its own forward
+    and reduces its gradients in backward, so PPO's several forward/backward passes per batch (manual
+    optimisation) work, and ``generate`` runs on the sharded model as is. Checkpoints are sharded folders
+    (``save_distributed_checkpoint=True``, torch.distributed.checkpoint) or, with False, one full file.
+
+    Args:
+        layer_names, reshard_after_forward, mp_policy: see :func:`fully_shard_model`.
+        save_distributed_checkpoint, process_group_backend, timeout: Lightning's ``ModelParallelStrategy``'s.
+    """
+
+    strategy_name = "fsdp2"
+
+    def __init__(self, layer_names: Sequence[str] | None = None, reshard_after_forward: bool = True,
+                 mp_policy=None, save_distributed_checkpoint: bool = True, process_group_backend: str | None = None,
+                 timeout: timedelta | None = default_pg_timeout):
+        super().__init__(save_distributed_checkpoint=save_distributed_checkpoint,
+                         process_group_backend=process_group_backend, timeout=timeout)
+        self.layer_names = list(layer_names) if layer_names else None
+        self.reshard_after_forward = reshard_after_forward
+        self.mp_policy = mp_policy
+
+    def setup_environment(self) -> None:
+        # pure data parallelism: every process is one data-parallel rank
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+
+    def setup(self, trainer) -> None:
+        from lightning.fabric.utilities.init import _materialize_distributed_module
+        from lightning.fabric.utilities.optimizer import _optimizers_to_device
+        from lightning.pytorch.trainer.states import TrainerFn
+
+        # ModelParallelStrategy.setup, except that the sharding is applied here rather than required of the
+        # module's configure_model (which Lightning has already called)
+        assert self.model is not None and self.accelerator is not None
+        self.accelerator.setup(trainer)
+        if is_fsdp_wrapped(self.model):
+            raise TypeError("FSDP2Strategy: the model holds FSDP1 units (FullyShardedDataParallel); use strategy=fsdp")
+        from torch.distributed.fsdp import FSDPModule
+
+        if not any(isinstance(m, FSDPModule) for m in self.model.modules()):
+            fully_shard_model(self.model, self.device_mesh["data_parallel"], self.layer_names,
+                              self.reshard_after_forward, self.mp_policy)
+        _materialize_distributed_module(self.model, self.root_device)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.barrier()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+        if trainer.state.fn == TrainerFn.FITTING:
+            _optimizers_to_device(self.optimizers, self.root_device)
+
+
+def load_sharded_checkpoint(module: nn.Module, path, strict: bool = True) -> dict:
+    """Load the weights of a sharded checkpoint folder (torch.distributed.checkpoint, as ``strategy=fsdp2``
+    writes it) into an unsharded ``module`` in one process -- e.g. to export a full HF model after a sharded run:
+    build the module as for training (``configure_model()``), load, then ``module.export(...)``.
+
+    The folder is converted with torch's ``dcp_to_torch_save`` (no process group needed). Returns Lightning's
+    metadata (``meta.pt``: loop state, callbacks, the module's ``on_save_checkpoint`` extras).
+    """
+    import tempfile
+    from pathlib import Path
+
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = Path(path)
+    if not (path.is_dir() and (path / ".metadata").is_file()):
+        raise FileNotFoundError(f"{path}: not a sharded checkpoint folder (no .metadata)")
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(path, Path(tmp) / "full.pt")
+        full = torch.load(Path(tmp) / "full.pt", weights_only=True)
+    module.load_state_dict(full["state_dict"], strict=strict)
+    return torch.load(path / "meta.pt", weights_only=True)
+
+
+__all__ = ["CPUFSDPStrategy", "DecoderLayerWrapPolicy", "FSDP2Strategy", "decoder_layer_classes",
+           "full_params_for_generation", "fully_shard_model", "is_fsdp_wrapped", "load_sharded_checkpoint"]

@@ -12,9 +12,16 @@ what is missing and makes the write safe:
   the reward model) is dropped from ``state_dict``; what is stored instead is their identity, a SHA-256 per
   top-level part (``model``, ``reward_model``) and where they were loaded from. On resume the module loads them
   from their source as usual (``configure_model``) and the digests are compared before anything is restored.
-- **RNG**: python, numpy, torch and CUDA states. Each rollout starts from exactly the state the previous one
-  ended in (restored at ``on_train_batch_start``), so draws made between batches (a new DataLoader iterator
-  draws a seed from the global generator) cannot make a resumed run differ from an uninterrupted one.
+- **RNG**: python, numpy, torch and CUDA states, of every rank (each rank samples its own stream). Each rollout
+  starts from exactly the state the previous one ended in (restored at ``on_train_batch_start``), so draws made
+  between batches (a new DataLoader iterator draws a seed from the global generator) cannot make a resumed run
+  differ from an uninterrupted one.
+- **Sharded strategies** (``strategy=fsdp2``, or ``fsdp`` with ``state_dict_type: sharded``): the checkpoint is
+  a folder written by torch.distributed.checkpoint, one shard per rank plus Lightning's ``meta.pt``. It keeps
+  the frozen weights (each rank stores only its shard, and the sharded loader needs every key), so there is no
+  frozen-weight digest to compare; the config is compared when the checkpoint's metadata is restored (after
+  the strategy has loaded the weights, before training continues). The folder is fsynced file by file and
+  renamed like a file.
 - **Config**: the module's hyperparameters, its reward calibration and the resolved run ``config`` (given by
   the CLI) are stored and compared on resume; a difference outside ``allowed_config_changes`` (fnmatch
   patterns of dotted keys) is refused with the keys and both values.
@@ -30,6 +37,7 @@ from __future__ import annotations
 import fnmatch
 import os
 import re
+import shutil
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
@@ -56,11 +64,45 @@ _ROLLOUT_FILE = re.compile(r"^rollout=(\d+)\.ckpt$")
 
 
 def _fsync(path: Path) -> None:
+    """fsync a file, or a folder's files and the folder itself (a sharded checkpoint)."""
+    if path.is_dir():
+        for child in path.rglob("*"):
+            if child.is_file():
+                _fsync(child)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _remove(path: Path) -> None:
+    """Remove a checkpoint file or a sharded checkpoint folder (never follows a symlink)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def is_sharded(trainer: pl.Trainer) -> bool:
+    """True when ``trainer``'s strategy writes sharded checkpoints (a folder with one shard per rank)."""
+    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
+
+    strategy = trainer.strategy
+    if isinstance(strategy, ModelParallelStrategy):
+        return bool(strategy._save_distributed_checkpoint)
+    return isinstance(strategy, FSDPStrategy) and strategy._state_dict_type == "sharded"
+
+
+def _all_ranks(value: Any) -> list[Any]:
+    """``value`` of every rank, in rank order (``[value]`` in a single process). A collective."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [value]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
 
 
 def atomic_save_checkpoint(trainer: pl.Trainer, path: str | Path) -> Path:
@@ -73,6 +115,8 @@ def atomic_save_checkpoint(trainer: pl.Trainer, path: str | Path) -> Path:
     trainer.save_checkpoint(tmp, weights_only=False)  # the full training state, not only the weights
     if trainer.is_global_zero:
         _fsync(tmp)
+        if path.is_dir() and not path.is_symlink():  # a folder (sharded) is not replaced by rename
+            shutil.rmtree(path)
         os.replace(tmp, path)
         _fsync(path.parent)
     trainer.strategy.barrier("atomic_save_checkpoint")
@@ -167,7 +211,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             trainer.strategy.checkpoint_io = _VerifyingCheckpointIO(io, self)
         if trainer.is_global_zero and self.dirpath and Path(self.dirpath).is_dir():
             for stale in Path(self.dirpath).glob(".*.partial"):  # a write killed midway (never read)
-                stale.unlink(missing_ok=True)
+                _remove(stale)
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         io = trainer.strategy.checkpoint_io
@@ -227,12 +271,15 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.saved = [p.name for _, p in files[-self.keep_last_k:]]
         for _, p in files[:-self.keep_last_k]:
             if p.name != keep:
-                p.unlink(missing_ok=True)
+                _remove(p)
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
-        """Drop frozen weights, add identity, config, versions and RNG (on every checkpoint of this trainer)."""
-        trained = trained_parameter_ids(trainer.optimizers)
-        frozen = frozen_keys(pl_module, trained)
+        """Drop frozen weights, add identity, config, versions and RNG (on every checkpoint of this trainer).
+
+        Called on every rank (the RNG states are gathered: a collective)."""
+        sharded = is_sharded(trainer)
+        # sharded: every key stays (the sharded loader needs them; each rank holds only its shard anyway)
+        frozen = [] if sharded else frozen_keys(pl_module, trained_parameter_ids(trainer.optimizers))
         state = checkpoint["state_dict"]
         for key in frozen:
             state.pop(key, None)
@@ -247,6 +294,8 @@ class ResumableCheckpoint(ModelCheckpoint):
             "config": self._config(pl_module),
             "versions": library_versions(),
             "rng": rng_state(),
+            "rng_per_rank": _all_ranks(rng_state()),
+            "sharded": sharded,
             "rollouts_done": self._rollouts(trainer, pl_module),
             "global_step": trainer.global_step,
         }
@@ -286,8 +335,9 @@ class ResumableCheckpoint(ModelCheckpoint):
             ):
                 problems.append(f"config {key}: checkpoint {old.get(key, '<absent>')!r}, "
                                 f"this run {new.get(key, '<absent>')!r}")
-        expected = set(pl_module.state_dict())
-        stored = set(checkpoint["state_dict"]) | set(meta["frozen_keys"])
+        # A sharded checkpoint's metadata has no state_dict: the strategy loaded the weights strictly (every key).
+        expected = set(pl_module.state_dict()) if "state_dict" in checkpoint else set()
+        stored = set(checkpoint.get("state_dict", ())) | set(meta["frozen_keys"])
         for label, keys in (("missing from the checkpoint", expected - stored),
                             ("in the checkpoint but not in this model", stored - expected)):
             if keys:
@@ -314,8 +364,13 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         meta = checkpoint.get(META_KEY)
-        if meta is not None:
-            self._next_rng = meta["rng"]  # applied when the next rollout starts
+        if meta is None:
+            return
+        if "state_dict" not in checkpoint:  # sharded: the checkpoint IO (and its verify) was not used
+            self.verify(checkpoint, getattr(trainer, "ckpt_path", None))
+        per_rank = meta.get("rng_per_rank") or [meta["rng"]]
+        # this rank's stream; a run resumed on another number of ranks continues rank 0's on every rank
+        self._next_rng = per_rank[trainer.global_rank] if len(per_rank) == trainer.world_size else meta["rng"]
 
     def state_dict(self) -> dict[str, Any]:
         return {"dirpath": str(self.dirpath), "last_model_path": self.last_model_path, "saved": list(self.saved)}

@@ -221,9 +221,9 @@ class HeldOutUtilityEarlyStopping(Callback):
         return Path(trainer.log_dir or trainer.default_root_dir)
 
     def _write_outputs(self, trainer: pl.Trainer, final: bool = False) -> None:
+        log_dir = self._log_dir(trainer)  # before the rank test: trainer.log_dir is a broadcast (every rank)
         if not trainer.is_global_zero:
             return
-        log_dir = self._log_dir(trainer)
         summary = {"history": self.history, "best_index": self.best_index, "best_model_path": self.best_model_path,
                    "stopped_at": self.stopped_at, "min_delta": self.min_delta, "patience": self.patience,
                    "utility": getattr(self.utility, "__name__", type(self.utility).__name__)}

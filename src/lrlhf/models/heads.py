@@ -55,6 +55,12 @@ class ScalarModel(nn.Module):
         super().__init__()
         self.backbone = backbone
         self.head = ScalarHead(backbone.config.hidden_size, zero_init=zero_init)
+        # The LM head is never run: freeze it (unless tied to the input embeddings), so no optimiser holds it
+        # and DDP does not wait for a gradient it never gets ("parameters that were not used in producing
+        # the loss").
+        lm_head, embeddings = backbone.get_output_embeddings(), backbone.get_input_embeddings()
+        if lm_head is not None and not any(p is embeddings.weight for p in lm_head.parameters()):
+            lm_head.requires_grad_(False)
 
     def hidden_states(self, input_ids: Tensor, attention_mask: Tensor, **kwargs) -> Tensor:
         """``(B, T, H)`` last hidden states.

@@ -82,7 +82,7 @@ from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
 from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.samples import log_table, sample_table
 from lrlhf.strategies import full_params_for_generation
-from lrlhf.utils.distributed import any_across_ranks, global_all_reduce, global_weighted_mean
+from lrlhf.utils.distributed import any_across_ranks, global_all_reduce, global_weighted_mean, seed_rank_stream
 
 ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo")
 WHITEN_SCOPES = ("global", "local")
@@ -319,7 +319,7 @@ class PPOModule(pl.LightningModule):
         self.tokenizer = tokenizer
         self.sample_prompts = [as_prompt(p) for p in (sample_prompts or [])]
         self.rollouts_done = 0
-        self._adapter_params: list[nn.Parameter] = []
+        self._adapter_names: set[str] = set()
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling)}
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
@@ -341,8 +341,9 @@ class PPOModule(pl.LightningModule):
             adapters[VALUE] = self.config.value_lora
             self.value_head = ScalarHead(base.config.hidden_size, zero_init=True)
         self.model = add_adapters(base, adapters)
-        # peft's set_adapter leaves only the active adapter trainable; both train here, so remember them.
-        self._adapter_params = [p for n, p in self.model.named_parameters() if "lora_" in n]
+        # peft's set_adapter leaves only the active adapter trainable; both train here, so remember them (by
+        # name: a sharding strategy such as FSDP2 replaces the parameter objects, not their names).
+        self._adapter_names = {n for n, _ in self.model.named_parameters() if "lora_" in n}
         self._use_adapter(POLICY)
         if isinstance(self._reward_source, RewardAdapter):
             self.reward_model = attach_reward_adapter(self.model, self._reward_source.path)
@@ -365,8 +366,9 @@ class PPOModule(pl.LightningModule):
         """
         if self.model.active_adapter != name:
             self.model.set_adapter(name)
-        for p in self._adapter_params:
-            p.requires_grad_(True)
+        for n, p in self.model.named_parameters():
+            if n in self._adapter_names:
+                p.requires_grad_(True)
 
     def updates_per_rollout(self, n_prompts: int) -> int:
         """Optimiser steps one rollout of ``n_prompts`` prompts makes."""
@@ -546,6 +548,7 @@ class PPOModule(pl.LightningModule):
     # ------------------------------------------------------------------------------------- training
     def on_train_start(self) -> None:
         self.model.eval()  # dropout off in rollouts and updates: the first ratio is exactly 1
+        seed_rank_stream()  # several ranks: each samples its own stream (a no-op in one process)
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         self.model.eval()  # Lightning switches to train mode before each epoch

@@ -17,6 +17,34 @@ def world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
+def rank() -> int:
+    """This process's rank in the default group; 0 without an initialised process group."""
+    dist = torch.distributed
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """A seed for ``rank``'s own random stream, deterministic in ``(seed, rank)`` and distinct across ranks
+    (numpy's ``SeedSequence`` hash of the pair, 63 bits)."""
+    import numpy as np
+
+    return int(np.random.SeedSequence([int(seed), int(rank)]).generate_state(1, dtype=np.uint64)[0] >> np.uint64(1))
+
+
+def seed_rank_stream(seed: int | None = None) -> int | None:
+    """With more than one rank, reseed torch's global generator (CPU and every CUDA device) with
+    :func:`rank_seed` ``(seed, rank)``, so that each rank samples its own stream (``generate`` draws from the
+    global generator); ``seed`` defaults to ``torch.initial_seed()`` (what ``seed_everything`` set, the same on
+    every rank). Call it after the model is built and sharded: initialisation must stay identical on every rank.
+    Returns the seed used, or None in a single process (left untouched, so single-process runs do not change).
+    """
+    if world_size() == 1:
+        return None
+    own = rank_seed(torch.initial_seed() if seed is None else seed, rank())
+    torch.manual_seed(own)
+    return own
+
+
 def sum_across_ranks(x: Tensor) -> Tensor:
     """``x`` summed over every rank (a new tensor; ``x`` is left alone). The :data:`AllReduce` contract of
     :func:`lrlhf.functional.masked_whiten`."""
@@ -52,4 +80,5 @@ def any_across_ranks(flag: bool) -> bool:
     return bool(sum_across_ranks(torch.tensor([float(flag)], device=_scalar_device()))[0] > 0)
 
 
-__all__ = ["any_across_ranks", "global_all_reduce", "global_weighted_mean", "sum_across_ranks", "world_size"]
+__all__ = ["any_across_ranks", "global_all_reduce", "global_weighted_mean", "rank", "rank_seed", "seed_rank_stream",
+           "sum_across_ranks", "world_size"]
