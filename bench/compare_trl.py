@@ -136,7 +136,7 @@ def ours_parts(model_dir: Path, prompts, args, reward: str = "separate"):
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = PPOConfig(max_new_tokens=args.new, temperature=1.0, ppo_epochs=1, minibatch_size=args.batch // 2,
                        forward_batch_size=args.batch, lr=1e-5, kl_coef=0.05, policy_lora=LoraSpec(r=8),
-                       value_lora=LoraSpec(r=8))
+                       value_lora=LoraSpec(r=8), value_from_policy=getattr(args, "value_from_policy", False))
     cfg = ModelConfig(str(model_dir))
     if reward == "adapter":
         reward_model = RewardAdapter(str(model_dir.parent / "rm"))
@@ -261,9 +261,10 @@ def time_run(args) -> None:
     print(f"our last rollout: mean response length {length:.1f}")
     print(f"iterations: {args.warmup} warm-up + {args.iters} timed per side, alternating\n")
     ours_s, trl_s = summary(times["ours"][args.warmup:]), summary(times["trl"][args.warmup:])
+    critic = "value head on the policy trunk" if args.value_from_policy else "value adapter"
     print("| side | median s/iteration | q1-q3 |")
     print("|---|---|---|")
-    print(f"| lrlhf PPOModule (Lightning), LoRA policy | {ours_s[0]:.3f} | {ours_s[1]:.3f}-{ours_s[2]:.3f} |")
+    print(f"| lrlhf PPOModule (Lightning), LoRA policy, {critic} | {ours_s[0]:.3f} | {ours_s[1]:.3f}-{ours_s[2]:.3f} |")
     mode = "full-parameter policy" if args.full else "LoRA policy"
     print(f"| TRL PPOTrainer, {mode} | {trl_s[0]:.3f} | {trl_s[1]:.3f}-{trl_s[2]:.3f} |")
     print()
@@ -301,14 +302,16 @@ def timed(module, phases):
 
 
 def report_header(args) -> None:
+    import importlib.util
+
     import lightning
     import peft
     import transformers
-    import trl
 
+    trl = f", trl {__import__('trl').__version__}" if importlib.util.find_spec("trl") else ""
     print(f"torch threads: {torch.get_num_threads()}")
     print(f"versions: torch {torch.__version__}, lightning {lightning.__version__}, transformers "
-          f"{transformers.__version__}, peft {peft.__version__}, trl {trl.__version__}")
+          f"{transformers.__version__}, peft {peft.__version__}{trl}")
 
 
 # ----------------------------------------------------------------------------------------------- memory
@@ -384,6 +387,8 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=None, help="response tokens (64; memory: 32)")
     parser.add_argument("--full", action="store_true", help="TRL with a full-parameter policy")
     parser.add_argument("--memory", action="store_true", help="peak RSS at the SmolLM2-135M shape")
+    parser.add_argument("--value-from-policy", action="store_true",
+                        help="ours with ppo.value_from_policy (the critic's head on the policy's trunk)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child", help=argparse.SUPPRESS)

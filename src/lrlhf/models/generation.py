@@ -123,3 +123,83 @@ def generate_responses(
             for row in out[:, input_ids.shape[1]:].tolist():
                 responses.append(tokenizer.decode(cut_at_eos(row, eos_ids), skip_special_tokens=True))
     return responses
+
+
+@torch.no_grad()
+def sample_with_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    value_head=None,
+) -> tuple[torch.Tensor, ...]:
+    """Plain temperature sampling with a KV cache: ``(response_ids, logprobs)``, ``(B, R)`` each.
+
+    The lean equivalent of ``model.generate(do_sample=True, temperature=T, top_k=0, top_p=1.0)`` on
+    left-padded prompts, and the log-probability of each sampled token under the distribution it was drawn
+    from (``log_softmax(logits / T)``), so no separate forward is needed for the sampling policy's logprobs.
+
+    It makes the calls ``generate`` makes, in the same order: one prefill forward computing logits at the
+    last column only (``logits_to_keep=1``), then one cached forward per new token; the next token is
+    ``multinomial(softmax(logits / T))`` over the whole batch (rows already stopped draw too and get
+    ``pad_token_id``, as in ``generate``), so under the same RNG state it samples the same ids. A row stops
+    after its first id in ``eos_token_ids``; the loop stops when every row has stopped (``R`` may then be
+    below ``max_new_tokens``). Positions count attended tokens (``cumsum(mask) - 1``), so a left-padded row
+    sees the positions it would have unpadded. Entries after a row's stop are pad ids with the log-prob of the
+    pad under the row's distribution (meaningless, masked by the caller). ``temperature`` must be > 0.
+
+    With a ``value_head`` (a critic on the policy's own trunk), a third ``(B, R)`` tensor holds the value of
+    the state in which each token was chosen: the head on the trunk's last hidden state at the column whose
+    logits drew that token (the same column a teacher-forced forward reads), so no separate value pass runs.
+    """
+    from transformers import DynamicCache
+
+    from lrlhf.models.heads import capture_trunk_output
+
+    if temperature <= 0:
+        raise ValueError(f"sample_with_logprobs: temperature must be > 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise ValueError(f"sample_with_logprobs: max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = input_ids.device
+    mask = attention_mask.long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    eos = torch.tensor(sorted(eos_token_ids), device=device, dtype=input_ids.dtype)
+    cache = DynamicCache(config=getattr(model, "config", None))
+    capture = capture_trunk_output(model) if value_head is not None else contextlib.nullcontext({})
+    with capture as trunk:
+        return _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_head, max_new_tokens,
+                            temperature, pad_token_id)
+
+
+def _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_head, max_new_tokens, temperature,
+                 pad_token_id):
+    batch, device = input_ids.shape[0], input_ids.device
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                use_cache=True, logits_to_keep=1)
+    next_position = positions[:, -1:] + 1
+    unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    ones = torch.ones(batch, 1, dtype=mask.dtype, device=device)
+    tokens, logprobs, values = [], [], []
+    for step in range(max_new_tokens):
+        if value_head is not None:
+            values.append(value_head(trunk["hidden"][:, -1]))
+        scores = out.logits[:, -1, :].float()
+        if temperature != 1.0:
+            scores = scores / temperature
+        token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        token = torch.where(unfinished, token, pad_token_id)
+        tokens.append(token)
+        logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(1))
+        unfinished = unfinished & ~torch.isin(token, eos)
+        if step == max_new_tokens - 1 or not bool(unfinished.any()):
+            break
+        mask = torch.cat([mask, ones], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position,
+                    cache=cache, use_cache=True)
+        next_position = next_position + 1
+    out = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+    return out if value_head is None else (*out, torch.stack(values, dim=1))
