@@ -125,6 +125,20 @@ def generate_responses(
     return responses
 
 
+def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` one id per row of ``(B, V)`` probabilities, by inverse-CDF sampling from the global RNG.
+
+    ``u ~ U[0, total)`` per row (``total`` = the row's summed probability, so unnormalised rows work too) and the
+    first id whose cumulative probability exceeds ``u``; the cumulative sum is in fp64, so each id is drawn
+    with its probability to ~1e-16, and an id of probability 0 is never drawn (its cumulative value equals its
+    predecessor's). ``torch.multinomial`` draws from the same distribution through an exponential race that
+    costs one exponential variate per vocabulary entry (2.7 ms vs 0.18 ms for 16 x 8000 on one CPU thread).
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+
+
 @torch.no_grad()
 def sample_with_logprobs(
     model,
@@ -143,10 +157,11 @@ def sample_with_logprobs(
     left-padded prompts, and the log-probability of each sampled token under the distribution it was drawn
     from (``log_softmax(logits / T)``), so no separate forward is needed for the sampling policy's logprobs.
 
-    It makes the calls ``generate`` makes, in the same order: one prefill forward computing logits at the
-    last column only (``logits_to_keep=1``), then one cached forward per new token; the next token is
-    ``multinomial(softmax(logits / T))`` over the whole batch (rows already stopped draw too and get
-    ``pad_token_id``, as in ``generate``), so under the same RNG state it samples the same ids. A row stops
+    It makes the model calls ``generate`` makes, in the same order: one prefill forward computing logits at
+    the last column only (``logits_to_keep=1``), then one cached forward per new token; the next token is
+    drawn from ``softmax(logits / T)`` by :func:`sample_categorical` (exact inverse-CDF sampling, ~15x faster
+    on CPU than ``torch.multinomial``, which ``generate`` uses: the same distribution, other ids for a given
+    seed); rows already stopped get ``pad_token_id``, as in ``generate``. A row stops
     after its first id in ``eos_token_ids``; the loop stops when every row has stopped (``R`` may then be
     below ``max_new_tokens``). Positions count attended tokens (``cumsum(mask) - 1``), so a left-padded row
     sees the positions it would have unpadded. Entries after a row's stop are pad ids with the log-prob of the
@@ -190,7 +205,7 @@ def _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_hea
         scores = out.logits[:, -1, :].float()
         if temperature != 1.0:
             scores = scores / temperature
-        token = torch.multinomial(torch.softmax(scores, dim=-1), num_samples=1).squeeze(1)
+        token = sample_categorical(torch.softmax(scores, dim=-1))
         token = torch.where(unfinished, token, pad_token_id)
         tokens.append(token)
         logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(1))
