@@ -347,6 +347,8 @@ def memory_run(args) -> None:
         for side in ("trl", "ours", "ours-adapter"):
             cmd = [sys.executable, __file__, "--child", side, "--model-dir", str(model_dir), "--batch",
                    str(args.batch), "--new", str(args.new), "--threads", str(args.threads)]
+            if args.value_from_policy and side != "trl":
+                cmd.append("--value-from-policy")
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
             out = proc.stdout.read()
             _, status, usage = os.wait4(proc.pid, 0)
@@ -355,8 +357,9 @@ def memory_run(args) -> None:
             line = json.loads([x for x in out.splitlines() if x.startswith("{")][-1])
             results[side] = (usage.ru_maxrss / 1024, line["seconds"])
     report_header(args)
+    critic = "value head on the policy trunk" if args.value_from_policy else "value adapter"
     print(f"model: SmolLM2-135M shape (h576 L30 heads 9/3 ffn1536 vocab49152 tied), random; batch {args.batch}, "
-          f"response {args.new}, LoRA r=8 policy, 2 iterations per child\n")
+          f"response {args.new}, LoRA r=8 policy, ours: {critic}; 2 iterations per child\n")
     print("| side | peak RSS MiB (child ru_maxrss) | wall s |")
     print("|---|---|---|")
     names = {"trl": "TRL PPOTrainer (policy+LoRA, value model, reward model)",
