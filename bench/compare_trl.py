@@ -276,9 +276,9 @@ def time_run(args) -> None:
 
 def timed(module, phases):
     """Wrap the module's phases with timers (generate, the rest of the rollout = scoring, update)."""
-    generate, make_rollout, update = module.generate, module.make_rollout, module.update
+    generate, make_rollout, update = module.sample, module.make_rollout, module.update
 
-    def timed_generate(*a, **kw):
+    def timed_generate(*a, **kw):  # the rollout's sampling step (PPOModule.sample)
         t = time.perf_counter()
         out = generate(*a, **kw)
         phases["generate"].append(time.perf_counter() - t)
@@ -297,7 +297,7 @@ def timed(module, phases):
         phases["update"].append(time.perf_counter() - t)
         return out
 
-    module.generate, module.make_rollout, module.update = timed_generate, timed_rollout, timed_update
+    module.sample, module.make_rollout, module.update = timed_generate, timed_rollout, timed_update
     return module
 
 

@@ -122,6 +122,29 @@ def test_shared_trunk_first_ratio_is_one_and_values_come_from_the_policy_pass(wo
     assert all(torch.equal(after[n], before[n]) for n in after if "lora_" not in n)
 
 
+class CountPasses(PPOModule):
+    calls: dict
+
+    def policy_forward(self, *a):
+        self.calls["policy"] = self.calls.get("policy", 0) + 1
+        return super().policy_forward(*a)
+
+    def value_forward(self, *a):
+        self.calls["value"] = self.calls.get("value", 0) + 1
+        return super().value_forward(*a)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_rollout_takes_old_logprobs_and_shared_values_from_sampling(world, tokenizer, shared):
+    module = _module(world, tokenizer, cls=CountPasses, value_from_policy=shared, forward_batch_size=BATCH)
+    module.calls = {}
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    assert module.calls == ({} if shared else {"value": 1})  # no policy scoring forward; no value one if shared
+    logprobs, _ = module.policy_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
+    valid = rollout.action_mask
+    torch.testing.assert_close(rollout.logprobs[valid], logprobs[valid], atol=1e-5, rtol=0)
+
+
 def test_shared_trunk_refuses_a_separate_value_model(world, tokenizer):
     with pytest.raises(ValueError, match="ppo.value_from_policy=True puts the value head on the policy's trunk"):
         PPOModule(load_causal_lm(ModelConfig(str(world.model))), ScalarModel(load_causal_lm(ModelConfig(str(

@@ -14,7 +14,7 @@ Roles (``docs/architecture.md``, "PPO: one base, four roles"):
 One Trainer batch (a batch of prompts from :class:`lrlhf.data.PromptDataModule`) is one rollout followed by
 its update epochs (manual optimisation). The steps of :meth:`PPOModule.training_step`:
 
-1. repeat each prompt ``samples_per_prompt`` times; 2. :meth:`generate` with the policy adapter (plain
+1. repeat each prompt ``samples_per_prompt`` times; 2. :meth:`sample` with the policy adapter (plain
 temperature sampling with a KV cache, exact ids kept, and the sampled tokens' log-probs = the old logprobs);
 3. masks from the sampled ids (:func:`response_masks`); 4. no-grad scoring in micro-batches: reference
 logprobs, old values, RM scores (:meth:`score`);
@@ -294,8 +294,9 @@ class PPOModule(pl.LightningModule):
             ``FixedKLController(config.kl_coef)``.
         sample_prompts: fixed prompts of the sample table.
 
-    Hooks to override (small, one job each): :meth:`generate`, :meth:`score`, :meth:`compute_rewards`,
-    :meth:`compute_advantages`, :meth:`policy_loss`, :meth:`value_loss`, :meth:`update_kl_controller`.
+    Hooks to override (small, one job each): :meth:`generate` (or :meth:`sample`), :meth:`score`,
+    :meth:`compute_rewards`, :meth:`compute_advantages`, :meth:`policy_loss`, :meth:`value_loss`,
+    :meth:`update_kl_controller`.
     """
 
     def __init__(
@@ -451,18 +452,31 @@ class PPOModule(pl.LightningModule):
 
     # ------------------------------------------------------------------------------ hooks to override
     @torch.no_grad()
-    def generate(self, query_ids: Tensor, query_mask: Tensor) -> Tensor | tuple[Tensor, Tensor]:
-        """``(response_ids, logprobs)``, ``(B, R)`` each (``R <= max_new_tokens``): sampled ids and their
-        log-probs under the distribution they were drawn from; the policy adapter active, no dropout.
+    def generate(self, query_ids: Tensor, query_mask: Tensor) -> Tensor:
+        """``(B, R)`` sampled response ids (``R <= max_new_tokens``), the policy adapter active, no dropout.
 
-        Plain temperature sampling (top-k 0, top-p 1, no repetition penalty) with a KV cache
-        (:func:`sample_with_logprobs`: the ids ``model.generate`` samples under the same RNG state), i.e. the
-        distribution :meth:`policy_forward` scores; its logprobs are the rollout's old logprobs, so no separate
-        policy forward is run for them. With ``ppo.value_from_policy`` a third ``(B, R)`` tensor holds the old
-        values, read by the value head on the sampling passes' own hidden states. Uses the global torch RNG
-        (seeded by ``seed_everything``). An override may return the ids alone; the old logprobs (and values)
-        then come from no-grad forwards.
+        Plain temperature sampling (top-k 0, top-p 1, no repetition penalty): the distribution
+        :meth:`policy_forward` scores, drawn by :meth:`sample`. Uses the global torch RNG (seeded by
+        ``seed_everything``).
         """
+        return self._sample(query_ids, query_mask)[0]
+
+    @torch.no_grad()
+    def sample(self, query_ids: Tensor, query_mask: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Step 2: ``(response_ids, old_logprobs, old_values)``, ``(B, R)`` each.
+
+        :func:`sample_with_logprobs` (a KV-cache loop making ``generate``'s model calls) returns each sampled
+        token's log-prob under the distribution it was drawn from: the rollout's old logprobs, so no separate
+        policy forward runs for them; with ``ppo.value_from_policy`` the value head reads the sampling steps'
+        own hidden states (the old values), otherwise ``old_values`` is None (a value forward follows). When a
+        subclass overrides :meth:`generate`, its ids are used and both are None (no-grad forwards follow).
+        """
+        if type(self).generate is not PPOModule.generate:
+            return self.generate(query_ids, query_mask), None, None
+        out = self._sample(query_ids, query_mask)
+        return out[0], out[1], out[2] if len(out) == 3 else None
+
+    def _sample(self, query_ids: Tensor, query_mask: Tensor) -> tuple[Tensor, ...]:
         shared_value = self.uses_critic and self.config.value_from_policy
         self._use_adapter(POLICY)
         fsdp_root = self._trainer.strategy.model if self._trainer is not None else None
@@ -543,12 +557,10 @@ class PPOModule(pl.LightningModule):
         query_ids = batch["input_ids"].repeat_interleave(k, dim=0)  # (B, P)
         query_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
         # 2. sample (exact ids kept; the sampling log-probs with them)
-        sampled = self.generate(query_ids, query_mask)
-        sampled = tuple(sampled) if isinstance(sampled, (tuple, list)) else (sampled,)
-        response_ids, sampled_logprobs, sampled_values = sampled + (None,) * (3 - len(sampled))  # (B, R) each
+        response_ids, sampled_logprobs, sampled_values = self.sample(query_ids, query_mask)  # (B, R) each
         # 3. masks from the sampled ids
         masks = response_masks(response_ids, self.eos_token_ids, self.pad_token_id)
-        # 4. no-grad scoring in micro-batches (the policy's only when generate gave no logprobs)
+        # 4. no-grad scoring in micro-batches (policy and value only when sampling gave none)
         parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "values": [], "raw_scores": []}
         for rows in _chunks(query_ids.shape[0], self.config.forward_batch_size):
             q, qm, r = query_ids[rows], query_mask[rows], response_ids[rows]
