@@ -65,9 +65,9 @@ def main() -> None:
     times: dict[str, list[float]] = defaultdict(list)
 
     class Timed(PPOModule):
-        def generate(self, *a):
+        def sample(self, *a):
             t = time.perf_counter()
-            out = super().generate(*a)
+            out = super().sample(*a)
             times["generate"].append(time.perf_counter() - t)
             return out
 

@@ -91,6 +91,67 @@ def test_first_update_ratio_is_one_for_every_token(world, tokenizer, tmp_path):
         torch.testing.assert_close(log_ratio.exp(), torch.ones_like(log_ratio), atol=1e-5, rtol=0)
 
 
+def test_shared_trunk_first_ratio_is_one_and_values_come_from_the_policy_pass(world, tokenizer, tmp_path):
+    module = _module(world, tokenizer, cls=RecordRatios, value_from_policy=True)
+    assert "value" not in module.model.peft_config  # one adapter: the critic reads the policy's trunk
+    with torch.no_grad():
+        module.value_head.linear.weight.normal_()
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    # the values of the shared pass equal the old values (a no-grad pass of the policy trunk) and the
+    # direct computation: the policy adapter's last hidden state at the column before each action
+    logprobs, _, values = module.policy_value_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
+    valid = rollout.action_mask
+    torch.testing.assert_close(values[valid], rollout.values[valid], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logprobs[valid], rollout.logprobs[valid], atol=1e-5, rtol=0)
+    row, n = 0, int(rollout.masks.lengths[0])
+    prompt = rollout.query_ids[row][rollout.query_mask[row].bool()]
+    ids = torch.cat([prompt, rollout.response_ids[row, :n]])[None]
+    with torch.no_grad():
+        hidden = module.model.get_base_model().model(input_ids=ids).last_hidden_state[0]
+        direct = module.value_head(hidden[len(prompt) - 1:len(prompt) - 1 + n])
+    torch.testing.assert_close(rollout.values[row, :n], direct, atol=1e-5, rtol=0)
+    # training: ratio 1 at the first minibatch of each rollout; the value loss moves the policy adapter
+    before = _snapshot(module)
+    _fit(module, world, tokenizer, 2, tmp_path)
+    assert len(module.first_log_ratios) == 2
+    for log_ratio in module.first_log_ratios:
+        assert log_ratio.numel() > 0
+        torch.testing.assert_close(log_ratio.exp(), torch.ones_like(log_ratio), atol=1e-5, rtol=0)
+    after = _snapshot(module)
+    assert any(not torch.equal(after[n], before[n]) for n in after if "lora_B" in n)
+    assert all(torch.equal(after[n], before[n]) for n in after if "lora_" not in n)
+
+
+class CountPasses(PPOModule):
+    calls: dict
+
+    def policy_forward(self, *a):
+        self.calls["policy"] = self.calls.get("policy", 0) + 1
+        return super().policy_forward(*a)
+
+    def value_forward(self, *a):
+        self.calls["value"] = self.calls.get("value", 0) + 1
+        return super().value_forward(*a)
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_rollout_takes_old_logprobs_and_shared_values_from_sampling(world, tokenizer, shared):
+    module = _module(world, tokenizer, cls=CountPasses, value_from_policy=shared, forward_batch_size=BATCH)
+    module.calls = {}
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    assert module.calls == ({} if shared else {"value": 1})  # no policy scoring forward; no value one if shared
+    logprobs, _ = module.policy_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
+    valid = rollout.action_mask
+    torch.testing.assert_close(rollout.logprobs[valid], logprobs[valid], atol=1e-5, rtol=0)
+
+
+def test_shared_trunk_refuses_a_separate_value_model(world, tokenizer):
+    with pytest.raises(ValueError, match="ppo.value_from_policy=True puts the value head on the policy's trunk"):
+        PPOModule(load_causal_lm(ModelConfig(str(world.model))), ScalarModel(load_causal_lm(ModelConfig(str(
+            world.model)))), tokenizer, PPOConfig(value_from_policy=True),
+            value_model=ScalarModel(load_causal_lm(ModelConfig(str(world.model)))))
+
+
 def test_logprobs_at_temperature_07_match_a_direct_computation(world, tokenizer):
     module = _module(world, tokenizer, temperature=0.7, max_new_tokens=10)
     with torch.no_grad():  # a non-zero policy adapter, so the policy differs from the base
@@ -113,18 +174,7 @@ def test_logprobs_at_temperature_07_match_a_direct_computation(world, tokenizer)
         direct = torch.log_softmax(logits[len(prompt) - 1:len(prompt) - 1 + n] / 0.7, dim=-1)
         direct = direct.gather(-1, rollout.response_ids[row, :n, None]).squeeze(-1)
         torch.testing.assert_close(rollout.logprobs[row, :n], direct, atol=1e-5, rtol=0)
-    # and the distribution generate sampled from (processed scores: temperature only, no warper)
-    torch.manual_seed(1)
-    out = module.model.generate(input_ids=rollout.query_ids, attention_mask=rollout.query_mask,
-                                pad_token_id=module.pad_token_id, eos_token_id=module.eos_token_ids,
-                                output_scores=True, return_dict_in_generate=True, repetition_penalty=1.0,
-                                **module.config.sampling.generate_kwargs())
-    sampled = out.sequences[:, rollout.query_ids.shape[1]:]
-    assert torch.equal(sampled, rollout.response_ids)  # same seed, same ids
-    scores = torch.stack(out.scores, dim=1).log_softmax(-1)  # (B, R, V)
-    from_generate = scores.gather(-1, sampled[..., None]).squeeze(-1)
-    valid = masks.action_mask
-    torch.testing.assert_close(rollout.logprobs[valid], from_generate[valid], atol=1e-5, rtol=0)
+    # (the sampler's draws follow these probabilities: tests/models/test_generation.py)
 
 
 def test_values_read_at_the_state_before_each_action(world, tokenizer):
@@ -271,7 +321,9 @@ def test_non_finite_reward_stops_before_any_optimiser_step(world, tokenizer, tmp
     [({"clip_eps": 1.5}, "ppo.clip_eps must be in (0, 1)"), ({"temperature": 0.0}, "ppo.temperature"),
      ({"advantage_estimator": "rloo"}, "ppo.samples_per_prompt must be >= 2"),
      ({"advantage_estimator": "vtrace"}, "ppo.advantage_estimator must be one of"),
-     ({"kl_estimator": "k9"}, "ppo.kl_estimator")],
+     ({"kl_estimator": "k9"}, "ppo.kl_estimator"),
+     ({"value_from_policy": True, "advantage_estimator": "grpo", "samples_per_prompt": 2},
+      "ppo.value_from_policy needs advantage_estimator='gae'")],
 )
 def test_config_errors_name_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(")", r"\)")):

@@ -124,3 +124,98 @@ def generate_responses(
             for row in out[:, input_ids.shape[1]:].tolist():
                 responses.append(tokenizer.decode(cut_at_eos(row, eos_ids), skip_special_tokens=True))
     return responses
+
+
+def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+    """``(B,)`` one id per row of ``(B, V)`` probabilities, by inverse-CDF sampling from the global RNG.
+
+    ``u ~ U[0, total)`` per row (``total`` = the row's summed probability, so unnormalised rows work too) and the
+    first id whose cumulative probability exceeds ``u``; the cumulative sum is in fp64, so each id is drawn
+    with its probability to ~1e-16, and an id of probability 0 is never drawn (its cumulative value equals its
+    predecessor's). ``torch.multinomial`` draws from the same distribution through an exponential race that
+    costs one exponential variate per vocabulary entry (2.7 ms vs 0.18 ms for 16 x 8000 on one CPU thread).
+    """
+    cdf = probs.double().cumsum(dim=-1)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+
+
+@torch.no_grad()
+def sample_with_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    value_head=None,
+) -> tuple[torch.Tensor, ...]:
+    """Plain temperature sampling with a KV cache: ``(response_ids, logprobs)``, ``(B, R)`` each.
+
+    The lean equivalent of ``model.generate(do_sample=True, temperature=T, top_k=0, top_p=1.0)`` on
+    left-padded prompts, and the log-probability of each sampled token under the distribution it was drawn
+    from (``log_softmax(logits / T)``), so no separate forward is needed for the sampling policy's logprobs.
+
+    It makes the model calls ``generate`` makes, in the same order: one prefill forward computing logits at
+    the last column only (``logits_to_keep=1``), then one cached forward per new token; the next token is
+    drawn from ``softmax(logits / T)`` by :func:`sample_categorical` (exact inverse-CDF sampling, ~15x faster
+    on CPU than ``torch.multinomial``, which ``generate`` uses: the same distribution, other ids for a given
+    seed); rows already stopped get ``pad_token_id``, as in ``generate``. A row stops
+    after its first id in ``eos_token_ids``; the loop stops when every row has stopped (``R`` may then be
+    below ``max_new_tokens``). Positions count attended tokens (``cumsum(mask) - 1``), so a left-padded row
+    sees the positions it would have unpadded. Entries after a row's stop are pad ids with the log-prob of the
+    pad under the row's distribution (meaningless, masked by the caller). ``temperature`` must be > 0.
+
+    With a ``value_head`` (a critic on the policy's own trunk), a third ``(B, R)`` tensor holds the value of
+    the state in which each token was chosen: the head on the trunk's last hidden state at the column whose
+    logits drew that token (the same column a teacher-forced forward reads), so no separate value pass runs.
+    """
+    from transformers import DynamicCache
+
+    from lrlhf.models.heads import capture_trunk_output
+
+    if temperature <= 0:
+        raise ValueError(f"sample_with_logprobs: temperature must be > 0, got {temperature}")
+    if max_new_tokens < 1:
+        raise ValueError(f"sample_with_logprobs: max_new_tokens must be >= 1, got {max_new_tokens}")
+    device = input_ids.device
+    mask = attention_mask.long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    eos = torch.tensor(sorted(eos_token_ids), device=device, dtype=input_ids.dtype)
+    cache = DynamicCache(config=getattr(model, "config", None))
+    capture = capture_trunk_output(model) if value_head is not None else contextlib.nullcontext({})
+    with capture as trunk:
+        return _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_head, max_new_tokens,
+                            temperature, pad_token_id)
+
+
+def _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_head, max_new_tokens, temperature,
+                 pad_token_id):
+    batch, device = input_ids.shape[0], input_ids.device
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
+                use_cache=True, logits_to_keep=1)
+    next_position = positions[:, -1:] + 1
+    unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    ones = torch.ones(batch, 1, dtype=mask.dtype, device=device)
+    tokens, logprobs, values = [], [], []
+    for step in range(max_new_tokens):
+        if value_head is not None:
+            values.append(value_head(trunk["hidden"][:, -1]))
+        scores = out.logits[:, -1, :].float()
+        if temperature != 1.0:
+            scores = scores / temperature
+        token = sample_categorical(torch.softmax(scores, dim=-1))
+        token = torch.where(unfinished, token, pad_token_id)
+        tokens.append(token)
+        logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(1))
+        unfinished = unfinished & ~torch.isin(token, eos)
+        if step == max_new_tokens - 1 or not bool(unfinished.any()):
+            break
+        mask = torch.cat([mask, ones], dim=1)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position,
+                    cache=cache, use_cache=True)
+        next_position = next_position + 1
+    out = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
+    return out if value_head is None else (*out, torch.stack(values, dim=1))

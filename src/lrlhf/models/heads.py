@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -42,6 +43,23 @@ def decoder(model):
     """The transformer body of a causal LM (no LM head), through any peft wrapper."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     return getattr(base, base.base_model_prefix)
+
+
+@contextlib.contextmanager
+def capture_trunk_output(model):
+    """Within the block, every forward of ``model``'s transformer body (:func:`decoder`) stores its last hidden
+    states ``(B, T, H)`` (after the final norm: what the LM head reads) in the yielded dict under ``"hidden"``,
+    so a causal-LM forward also serves a scalar head without a second trunk pass."""
+    store: dict = {}
+
+    def hook(module, args, output):
+        store["hidden"] = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+    handle = decoder(model).register_forward_hook(hook)
+    try:
+        yield store
+    finally:
+        handle.remove()
 
 
 class ScalarModel(nn.Module):

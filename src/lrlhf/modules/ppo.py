@@ -5,7 +5,8 @@ Roles (``docs/architecture.md``, "PPO: one base, four roles"):
 - **policy** = the base (SFT weights, merged, frozen) + LoRA adapter ``policy``;
 - **reference** = the same base under :func:`lrlhf.models.reference_mode` (every adapter disabled, no grad);
 - **value** = the same base + LoRA adapter ``value`` + a zero-initialised :class:`ScalarHead`, or a separate
-  :class:`ScalarModel` passed as ``value_model`` (e.g. initialised from the reward model);
+  :class:`ScalarModel` passed as ``value_model`` (e.g. initialised from the reward model), or -- with
+  ``ppo.value_from_policy`` -- the head on the policy's own trunk (one trunk pass per minibatch for both);
 - **reward** = a frozen :class:`ScalarModel` (``load_reward_model``), or -- when the RM was trained as LoRA on
   the same base -- its ``reward`` adapter loaded onto the policy's base (:class:`RewardAdapter`), so one copy of
   the base serves all four roles; with an optional frozen calibration.
@@ -13,9 +14,10 @@ Roles (``docs/architecture.md``, "PPO: one base, four roles"):
 One Trainer batch (a batch of prompts from :class:`lrlhf.data.PromptDataModule`) is one rollout followed by
 its update epochs (manual optimisation). The steps of :meth:`PPOModule.training_step`:
 
-1. repeat each prompt ``samples_per_prompt`` times; 2. :meth:`generate` with the policy adapter (plain
-temperature sampling, exact ids kept); 3. masks from the sampled ids (:func:`response_masks`);
-4. no-grad scoring in micro-batches: old logprobs, reference logprobs, old values, RM scores (:meth:`score`);
+1. repeat each prompt ``samples_per_prompt`` times; 2. :meth:`sample` with the policy adapter (plain
+temperature sampling with a KV cache, exact ids kept, and the sampled tokens' log-probs = the old logprobs);
+3. masks from the sampled ids (:func:`response_masks`); 4. no-grad scoring in micro-batches: reference
+logprobs, old values, RM scores (:meth:`score`);
 5. :meth:`compute_rewards` (calibration, missing-EOS penalty, clip, ``-beta * KL`` per action, the score once
 at the last valid action); 6. :meth:`compute_advantages` (GAE + whitening, or RLOO / GRPO); 7. the rollout is
 frozen; ``ppo_epochs`` x shuffled minibatches of :meth:`policy_loss` + :meth:`value_loss` (- entropy bonus),
@@ -76,8 +78,8 @@ from lrlhf.models import (
     load_tokenizer,
 )
 from lrlhf.models import reference_mode as _reference_mode
-from lrlhf.models.generation import SamplingConfig, as_prompt, eos_token_ids
-from lrlhf.models.heads import decoder
+from lrlhf.models.generation import SamplingConfig, as_prompt, eos_token_ids, sample_with_logprobs
+from lrlhf.models.heads import capture_trunk_output, decoder
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
 from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.samples import log_table, sample_table
@@ -165,6 +167,11 @@ class PPOConfig:
     """The ``policy`` adapter (full-parameter PPO is not implemented: the reference is the adapter-free base)."""
     value_lora: LoraSpec = dataclasses.field(default_factory=LoraSpec)
     """The ``value`` adapter on the same base (GAE without a separate ``value_model``)."""
+    value_from_policy: bool = False
+    """The critic's head reads the policy's own last hidden states (no ``value`` adapter): one trunk pass per
+    minibatch yields both log-probs and values, and the value loss also trains the policy adapter (a shared
+    trunk, as TRL's old ``AutoModelForCausalLMWithValueHead``). False = the ``value`` adapter: the critic
+    cannot move the policy, at the cost of a second trunk pass (forward and backward) per minibatch."""
     # logging
     sample_every_n_rollouts: int = 0
     """Log the fixed-prompt sample table every N rollouts; 0 = never."""
@@ -188,6 +195,8 @@ class PPOConfig:
              f"must be one of {list(ADVANTAGE_ESTIMATORS)}"),
             ("samples_per_prompt", self.advantage_estimator == "gae" or k >= 2,
              f"must be >= 2 for advantage_estimator={self.advantage_estimator!r}"),
+            ("value_from_policy", not self.value_from_policy or self.advantage_estimator == "gae",
+             "needs advantage_estimator='gae' (a critic)"),
             ("gamma", 0 <= self.gamma <= 1, "must be in [0, 1]"),
             ("lam", 0 <= self.lam <= 1, "must be in [0, 1]"),
             ("whiten_scope", self.whiten_scope in WHITEN_SCOPES, f"must be one of {list(WHITEN_SCOPES)}"),
@@ -285,8 +294,9 @@ class PPOModule(pl.LightningModule):
             ``FixedKLController(config.kl_coef)``.
         sample_prompts: fixed prompts of the sample table.
 
-    Hooks to override (small, one job each): :meth:`generate`, :meth:`score`, :meth:`compute_rewards`,
-    :meth:`compute_advantages`, :meth:`policy_loss`, :meth:`value_loss`, :meth:`update_kl_controller`.
+    Hooks to override (small, one job each): :meth:`generate` (or :meth:`sample`), :meth:`score`,
+    :meth:`compute_rewards`, :meth:`compute_advantages`, :meth:`policy_loss`, :meth:`value_loss`,
+    :meth:`update_kl_controller`.
     """
 
     def __init__(
@@ -303,6 +313,9 @@ class PPOModule(pl.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.config = config if isinstance(config, PPOConfig) else PPOConfig(**(config or {}))
+        if self.config.value_from_policy and value_model is not None:
+            raise ValueError("ppo.value_from_policy=True puts the value head on the policy's trunk: pass no "
+                             "value_model, or set ppo.value_from_policy=False")
         self.model_config = policy if isinstance(policy, ModelConfig) else None
         self.model: nn.Module | None = None
         self._policy_module = None if self.model_config is not None else policy
@@ -338,7 +351,8 @@ class PPOModule(pl.LightningModule):
         self._policy_module = None
         adapters = {POLICY: self.config.policy_lora}
         if self.uses_critic and self.value_model is None:
-            adapters[VALUE] = self.config.value_lora
+            if not self.config.value_from_policy:
+                adapters[VALUE] = self.config.value_lora
             self.value_head = ScalarHead(base.config.hidden_size, zero_init=True)
         self.model = add_adapters(base, adapters)
         # peft's set_adapter leaves only the active adapter trainable; both train here, so remember them (by
@@ -392,9 +406,11 @@ class PPOModule(pl.LightningModule):
     def _response_logits(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> Tensor:
         """``(B, R, V)`` logits predicting each response token: columns ``P - 1 .. P + R - 2``."""
         input_ids, attention_mask, position_ids = self._sequence(query_ids, query_mask, response_ids)
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-        prompt_len, resp_len = query_ids.shape[1], response_ids.shape[1]
-        return logits[:, prompt_len - 1:prompt_len + resp_len - 1]
+        resp_len = response_ids.shape[1]
+        # the LM head runs on the last R + 1 columns only (the prompt's logits are never used)
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            logits_to_keep=resp_len + 1).logits
+        return logits[:, :resp_len]
 
     def policy_forward(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> tuple[Tensor, Tensor]:
         """``(logprobs, logits)``: ``(B, R)`` log-probs of the response under the policy at the sampling
@@ -402,6 +418,15 @@ class PPOModule(pl.LightningModule):
         self._use_adapter(POLICY)
         logits = self._response_logits(query_ids, query_mask, response_ids)
         return token_logprobs(logits, response_ids, self.config.temperature), logits
+
+    def policy_value_forward(self, query_ids: Tensor, query_mask: Tensor,
+                             response_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(logprobs, logits, values)`` from one policy pass (``ppo.value_from_policy``): the value head reads
+        the trunk's last hidden states of that same forward at the columns of :meth:`value_forward`."""
+        with capture_trunk_output(self.model) as trunk:
+            logprobs, logits = self.policy_forward(query_ids, query_mask, response_ids)
+        prompt_len, resp_len = query_ids.shape[1], response_ids.shape[1]
+        return logprobs, logits, self.value_head(trunk["hidden"][:, prompt_len - 1:prompt_len + resp_len - 1])
 
     @torch.no_grad()
     def reference_logprobs(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> Tensor:
@@ -418,7 +443,7 @@ class PPOModule(pl.LightningModule):
         cols = slice(prompt_len - 1, prompt_len + resp_len - 1)
         if self.value_model is not None:
             return self.value_model(input_ids, attention_mask, position_ids=position_ids)[:, cols]
-        self._use_adapter(VALUE)
+        self._use_adapter(POLICY if self.config.value_from_policy else VALUE)
         try:
             hidden = decoder(self.model)(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
@@ -433,20 +458,36 @@ class PPOModule(pl.LightningModule):
         """``(B, R)`` sampled response ids (``R <= max_new_tokens``), the policy adapter active, no dropout.
 
         Plain temperature sampling (top-k 0, top-p 1, no repetition penalty): the distribution
-        :meth:`policy_forward` scores. Uses the global torch RNG (seeded by ``seed_everything``).
+        :meth:`policy_forward` scores, drawn by :meth:`sample`. Uses the global torch RNG (seeded by
+        ``seed_everything``).
         """
+        return self._sample(query_ids, query_mask)[0]
+
+    @torch.no_grad()
+    def sample(self, query_ids: Tensor, query_mask: Tensor) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Step 2: ``(response_ids, old_logprobs, old_values)``, ``(B, R)`` each.
+
+        :func:`sample_with_logprobs` (a KV-cache loop making ``generate``'s model calls) returns each sampled
+        token's log-prob under the distribution it was drawn from: the rollout's old logprobs, so no separate
+        policy forward runs for them; with ``ppo.value_from_policy`` the value head reads the sampling steps'
+        own hidden states (the old values), otherwise ``old_values`` is None (a value forward follows). When a
+        subclass overrides :meth:`generate`, its ids are used and both are None (no-grad forwards follow).
+        """
+        if type(self).generate is not PPOModule.generate:
+            return self.generate(query_ids, query_mask), None, None
+        out = self._sample(query_ids, query_mask)
+        return out[0], out[1], out[2] if len(out) == 3 else None
+
+    def _sample(self, query_ids: Tensor, query_mask: Tensor) -> tuple[Tensor, ...]:
+        shared_value = self.uses_critic and self.config.value_from_policy
         self._use_adapter(POLICY)
         fsdp_root = self._trainer.strategy.model if self._trainer is not None else None
         with full_params_for_generation(fsdp_root):  # FSDP1 outside the root's forward: unshard the root unit
-            out = self.model.generate(
-                input_ids=query_ids,
-                attention_mask=query_mask,
-                pad_token_id=self.pad_token_id,
-                eos_token_id=self.eos_token_ids,
-                repetition_penalty=1.0,
-                **self.config.sampling.generate_kwargs(),
-            )  # (B, P + R)
-        return out[:, query_ids.shape[1]:]
+            return sample_with_logprobs(
+                self.model, query_ids, query_mask, max_new_tokens=self.config.max_new_tokens,
+                temperature=self.config.temperature, eos_token_ids=self.eos_token_ids,
+                pad_token_id=self.pad_token_id, value_head=self.value_head if shared_value else None,
+            )
 
     @torch.no_grad()
     def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks) -> Tensor:
@@ -517,17 +558,25 @@ class PPOModule(pl.LightningModule):
         # 1. prompts, each repeated k times (the k samples of a prompt are adjacent rows)
         query_ids = batch["input_ids"].repeat_interleave(k, dim=0)  # (B, P)
         query_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
-        # 2. sample (exact ids kept)
-        response_ids = self.generate(query_ids, query_mask)  # (B, R)
+        # 2. sample (exact ids kept; the sampling log-probs with them)
+        response_ids, sampled_logprobs, sampled_values = self.sample(query_ids, query_mask)  # (B, R) each
         # 3. masks from the sampled ids
         masks = response_masks(response_ids, self.eos_token_ids, self.pad_token_id)
-        # 4. no-grad scoring in micro-batches
+        # 4. no-grad scoring in micro-batches (policy and value only when sampling gave none)
         parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "values": [], "raw_scores": []}
         for rows in _chunks(query_ids.shape[0], self.config.forward_batch_size):
             q, qm, r = query_ids[rows], query_mask[rows], response_ids[rows]
-            parts["logprobs"].append(self.policy_forward(q, qm, r)[0])
+            if sampled_logprobs is None:
+                parts["logprobs"].append(self.policy_forward(q, qm, r)[0])
+            else:
+                parts["logprobs"].append(sampled_logprobs[rows].float())
             parts["ref_logprobs"].append(self.reference_logprobs(q, qm, r))
-            values = self.value_forward(q, qm, r).float() if self.uses_critic else torch.zeros(r.shape, device=r.device)
+            if sampled_values is not None:
+                values = sampled_values[rows].float()
+            elif self.uses_critic:
+                values = self.value_forward(q, qm, r).float()
+            else:
+                values = torch.zeros(r.shape, device=r.device)
             parts["values"].append(values)
             parts["raw_scores"].append(self.score(q, qm, r, ResponseMasks(*(m[rows] for m in masks))))
         scored = {name: torch.cat(chunks) for name, chunks in parts.items()}
@@ -589,7 +638,11 @@ class PPOModule(pl.LightningModule):
             order = torch.randperm(len(rollout), device=rollout.query_ids.device)
             for start in range(0, len(rollout), cfg.minibatch_size):
                 mb = rollout.select(order[start:start + cfg.minibatch_size])
-                logprobs, logits = self.policy_forward(mb.query_ids, mb.query_mask, mb.response_ids)
+                if self.uses_critic and cfg.value_from_policy:  # one trunk pass for both
+                    logprobs, logits, values = self.policy_value_forward(mb.query_ids, mb.query_mask,
+                                                                         mb.response_ids)
+                else:
+                    logprobs, logits = self.policy_forward(mb.query_ids, mb.query_mask, mb.response_ids)
                 loss, pstats = self.policy_loss(logprobs, mb.logprobs, mb.advantages, mb.action_mask)
                 step = {"ppo/policy_loss": loss.detach(), "ppo/approx_kl": pstats.approx_kl,
                         "ppo/clipfrac": pstats.clipfrac, "ppo/ratio_mean": pstats.ratio_mean}
@@ -599,7 +652,8 @@ class PPOModule(pl.LightningModule):
                 if cfg.entropy_coef > 0:
                     loss = loss - cfg.entropy_coef * entropy
                 if self.uses_critic:
-                    values = self.value_forward(mb.query_ids, mb.query_mask, mb.response_ids)
+                    if not cfg.value_from_policy:
+                        values = self.value_forward(mb.query_ids, mb.query_mask, mb.response_ids)
                     vloss, vstats = self.value_loss(values, mb.values, mb.returns, mb.action_mask)
                     loss = loss + cfg.vf_coef * vloss
                     step.update({"ppo/value_loss": vloss.detach(), "ppo/value_clipfrac": vstats.clipfrac,

@@ -1,0 +1,414 @@
+"""One PPO iteration: lrlhf's ``PPOModule`` against TRL's ``PPOTrainer`` (trl 1.12.0), in one run (issue #10).
+
+    /work/venv-trl/bin/python bench/compare_trl.py [--iters 6] [--warmup 1] [--threads 1]      # time
+    /work/venv-trl/bin/python bench/compare_trl.py --memory                                    # peak RSS
+
+(``PYTHONPATH=src`` in a checkout whose package is not installed in that venv; trl is a bench-only extra.)
+
+**Time** (the issue's reference config): a randomly initialised Llama (hidden 256, 4 layers, 4 heads,
+intermediate 1024, vocab 8000, untied), saved once and loaded by both sides; a word-level tokenizer with a chat
+template; 256 chat-templated prompts of 10-40 tokens (the same for both sides); 16 prompts per iteration,
+64 new tokens at T = 1 (a random model almost never stops), 1 PPO epoch of 2 minibatches of 8, LoRA r=8 on
+every block linear of the policy, fp32, AdamW lr 1e-5.
+
+- ours: ``PPOModule`` in Lightning's ``Trainer.fit`` (as ``bench/ppo_step.py``): the base + ``policy`` and
+  ``value`` adapters, reference = adapters off, a separate frozen reward model (``ScalarModel``) of the same size.
+- TRL: ``trl.experimental.ppo.PPOTrainer`` in its own ``train`` loop, with a separate value model and reward
+  model of the same size (``AutoModelForSequenceClassification``), the LoRA policy through ``peft_config``
+  (reference = adapter disabled); TRL's ``gradient_checkpointing`` and ``bf16`` defaults switched off.
+- An iteration = one rollout (generate, scoring, rewards, advantages) + its update epochs. Ours is timed from
+  Lightning's ``on_train_batch_start`` to ``on_train_batch_end``; TRL's from one ``on_step_end`` (which its
+  loop calls once per iteration) to the next (the first from ``on_train_begin``), so TRL's figure also holds
+  its dataloader fetch and its ``gc.collect()``; our data loading is outside ours.
+- Alternation: each loop runs in its own thread and a baton is handed over after every iteration, so exactly
+  one side runs at a time and iteration i of ours is followed by iteration i of TRL's. The first ``--warmup``
+  iterations of each side are dropped; medians (and quartiles) of the rest are printed, with our per-phase
+  breakdown (generate, score = the rollout's no-grad forwards, update).
+- Full-parameter policy: TRL's is timed with ``--full`` (reference = a frozen copy); ours is not implemented
+  (``PPOConfig.policy_lora``: the reference is the adapter-free base), so only TRL's figure is printed.
+
+**Memory** (``--memory``): the shape of SmolLM2-135M (hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate
+1536, vocab 49152, tied), random weights, LoRA policy, batch 8, response 32, 2 iterations; each side runs in
+a subprocess of its own (ours twice: a separate reward model as TRL has, and the reward as a LoRA adapter on
+the policy's base), and its peak RSS is the child's ``ru_maxrss`` from ``os.wait4``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_DISABLED", "true")
+
+import torch
+
+PAD, EOS, USER, ASSISTANT = 0, 1, 2, 3
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ '<|' + m['role'] + '|> ' + m['content'] + ' ' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+REFERENCE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+                 intermediate_size=1024, vocab_size=8000, tie_word_embeddings=False)
+SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+               intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
+
+
+class Baton:
+    """Strict alternation of two threads (as in ``bench/rm_vs_trl.py``)."""
+
+    def __init__(self, names, timeout: float = 900.0):
+        self.events = {name: threading.Event() for name in names}
+        self.timeout = timeout
+        self.failed: BaseException | None = None
+
+    def wait(self, name: str) -> None:
+        if not self.events[name].wait(self.timeout):
+            raise TimeoutError(f"{name} waited over {self.timeout} s for its turn")
+        self.events[name].clear()
+        if self.failed is not None:
+            raise RuntimeError("the other side failed") from self.failed
+
+    def hand_over(self, to: str) -> None:
+        self.events[to].set()
+
+    def fail(self, error: BaseException) -> None:
+        self.failed = error
+        for event in self.events.values():
+            event.set()
+
+
+# ------------------------------------------------------------------------------------------------ setup
+def build_model(out: Path, shape: dict, seed: int) -> None:
+    """A random Llama of ``shape`` and a word-level chat tokenizer over its ids (``t<i>`` words)."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    config = LlamaConfig(**shape, max_position_embeddings=1024, pad_token_id=PAD, eos_token_id=EOS,
+                         bos_token_id=None)
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(out)
+    vocab = {"<pad>": PAD, "</s>": EOS, "<|user|>": USER, "<|assistant|>": ASSISTANT,
+             **{f"t{i}": i for i in range(4, config.vocab_size)}}
+    backend = Tokenizer(WordLevel(vocab, unk_token="t4"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="</s>",
+                                        additional_special_tokens=["<|user|>", "<|assistant|>"])
+    tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.padding_side = "left"
+    tokenizer.save_pretrained(out)
+
+
+def make_prompts(n: int, vocab: int, seed: int) -> list[list[dict]]:
+    """``n`` one-turn conversations whose chat-templated encoding is 10-40 tokens (user tag + words + tag)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        words = int(torch.randint(8, 39, (1,), generator=g))
+        ids = torch.randint(4, vocab, (words,), generator=g).tolist()
+        out.append([{"role": "user", "content": " ".join(f"t{i}" for i in ids)}])
+    return out
+
+
+def ours_parts(model_dir: Path, prompts, args, reward: str = "separate"):
+    """PPOModule (LoRA policy + value adapters, frozen reward model) and its prompt datamodule."""
+    from transformers import AutoTokenizer
+
+    from lrlhf.data.datamodules import PromptDataModule
+    from lrlhf.data.records import PromptExample
+    from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
+    from lrlhf.modules import PPOConfig, PPOModule
+    from lrlhf.modules.ppo import RewardAdapter
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    config = PPOConfig(max_new_tokens=args.new, temperature=1.0, ppo_epochs=1, minibatch_size=args.batch // 2,
+                       forward_batch_size=args.batch, lr=1e-5, kl_coef=0.05, policy_lora=LoraSpec(r=8),
+                       value_lora=LoraSpec(r=8), value_from_policy=getattr(args, "value_from_policy", False))
+    cfg = ModelConfig(str(model_dir))
+    if reward == "adapter":
+        reward_model = RewardAdapter(str(model_dir.parent / "rm"))
+    else:
+        torch.manual_seed(args.seed + 1)
+        reward_model = ScalarModel(load_causal_lm(cfg))
+    module = PPOModule(load_causal_lm(cfg), reward_model, tokenizer, config)
+    data = PromptDataModule(tokenizer, train=[PromptExample(p) for p in prompts], batch_size=args.batch,
+                            max_length=128)
+    return module, data
+
+
+def trl_trainer(model_dir: Path, prompts, args, callbacks, full: bool = False):
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+    from trl.experimental.ppo import PPOConfig, PPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.padding_side = "left"
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(args.seed + 1)
+    value = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
+    reward = AutoModelForSequenceClassification.from_pretrained(model_dir, num_labels=1, dtype=torch.float32)
+    ref = None
+    peft_config = None
+    if full:
+        ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    else:
+        from peft import LoraConfig
+
+        from lrlhf.models.lora import lora_target_modules
+
+        peft_config = LoraConfig(r=8, lora_alpha=16.0, lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                                 target_modules=lora_target_modules(policy))
+    ids = [tokenizer.apply_chat_template(p, add_generation_prompt=True, tokenize=True, return_dict=False)
+           for p in prompts]
+    dataset = Dataset.from_dict({"input_ids": ids})
+    iters = args.warmup + args.iters
+    config = PPOConfig(
+        output_dir=str(model_dir.parent / "trl-out"), per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=1, num_mini_batches=2, num_ppo_epochs=1, total_episodes=iters * args.batch,
+        local_rollout_forward_batch_size=args.batch, response_length=args.new, temperature=1.0,
+        stop_token="eos", learning_rate=1e-5, kl_coef=0.05, num_sample_generations=0, bf16=False, fp16=False,
+        gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1000,
+        dataloader_num_workers=0, disable_tqdm=True, seed=args.seed,
+    )
+    return PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=ref, reward_model=reward,
+                      train_dataset=dataset, value_model=value, callbacks=callbacks, peft_config=peft_config,
+                      eval_dataset=dataset)
+
+
+# ----------------------------------------------------------------------------------------------- timing
+def summary(xs: list[float]) -> tuple[float, float, float]:
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return statistics.median(xs), q[0], q[2]
+
+
+def time_run(args) -> None:
+    from lightning.pytorch import Callback, Trainer
+    from transformers import TrainerCallback
+
+    total = args.warmup + args.iters
+    baton = Baton(["ours", "trl"])
+    times: dict[str, list[float]] = {"ours": [], "trl": []}
+    phases: dict[str, list[float]] = {"generate": [], "score": [], "update": []}
+
+    class OurTimer(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            times["ours"].append(time.perf_counter() - self.start)
+            baton.hand_over("trl")
+            baton.wait("ours")
+
+    class TrlTimer(TrainerCallback):
+        def on_train_begin(self, args_, state, control, **kwargs):
+            baton.wait("trl")
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            times["trl"].append(time.perf_counter() - self.start)
+            baton.hand_over("ours")
+            if len(times["trl"]) < total:
+                baton.wait("trl")
+            self.start = time.perf_counter()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "model"
+        build_model(model_dir, REFERENCE, args.seed)
+        prompts = make_prompts(256, REFERENCE["vocab_size"], args.seed)
+        module, data = ours_parts(model_dir, prompts, args)
+        module = timed(module, phases)
+        theirs = trl_trainer(model_dir, prompts, args, [TrlTimer()], full=args.full)
+        ours = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                       enable_model_summary=False, max_epochs=-1, num_sanity_val_steps=0, limit_val_batches=0,
+                       max_steps=total * module.updates_per_rollout(args.batch), callbacks=[OurTimer()])
+
+        def run_trl():
+            try:
+                theirs.train()
+            except BaseException as error:
+                baton.fail(error)
+
+        worker = threading.Thread(target=run_trl, name="trl")
+        worker.start()
+        try:
+            ours.fit(module, datamodule=data)
+        except BaseException as error:
+            baton.fail(error)
+            raise
+        worker.join()
+        if baton.failed is not None:
+            raise RuntimeError("TRL's loop failed") from baton.failed
+        length = float(ours.callback_metrics["rollout/length_mean"])
+        n_ours = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        n_trl = sum(p.numel() for p in theirs.model.parameters() if p.requires_grad)
+
+    report_header(args)
+    print(f"trainable params: ours {n_ours:,} (policy + value adapters, value head) / TRL {n_trl:,}"
+          f"{' (full policy + full value model)' if args.full else ' (policy adapter + full value model)'}")
+    print(f"our last rollout: mean response length {length:.1f}")
+    print(f"iterations: {args.warmup} warm-up + {args.iters} timed per side, alternating\n")
+    ours_s, trl_s = summary(times["ours"][args.warmup:]), summary(times["trl"][args.warmup:])
+    critic = "value head on the policy trunk" if args.value_from_policy else "value adapter"
+    print("| side | median s/iteration | q1-q3 |")
+    print("|---|---|---|")
+    print(f"| lrlhf PPOModule (Lightning), LoRA policy, {critic} | {ours_s[0]:.3f} | {ours_s[1]:.3f}-{ours_s[2]:.3f} |")
+    mode = "full-parameter policy" if args.full else "LoRA policy"
+    print(f"| TRL PPOTrainer, {mode} | {trl_s[0]:.3f} | {trl_s[1]:.3f}-{trl_s[2]:.3f} |")
+    print()
+    print("our phases (median s):", ", ".join(
+        f"{k} {statistics.median(v[args.warmup:]):.3f}" for k, v in phases.items()))
+    print(f"ratio ours / TRL (medians): {ours_s[0] / trl_s[0]:.3f}  (target <= 0.5)")
+    print("all iterations (s): ours", [round(x, 3) for x in times["ours"]], "TRL", [round(x, 3) for x in times["trl"]])
+
+
+def timed(module, phases):
+    """Wrap the module's phases with timers (generate, the rest of the rollout = scoring, update)."""
+    generate, make_rollout, update = module.sample, module.make_rollout, module.update
+
+    def timed_generate(*a, **kw):  # the rollout's sampling step (PPOModule.sample)
+        t = time.perf_counter()
+        out = generate(*a, **kw)
+        phases["generate"].append(time.perf_counter() - t)
+        return out
+
+    def timed_rollout(batch):
+        t = time.perf_counter()
+        n = len(phases["generate"])
+        out = make_rollout(batch)
+        phases["score"].append(time.perf_counter() - t - sum(phases["generate"][n:]))
+        return out
+
+    def timed_update(rollout):
+        t = time.perf_counter()
+        out = update(rollout)
+        phases["update"].append(time.perf_counter() - t)
+        return out
+
+    module.sample, module.make_rollout, module.update = timed_generate, timed_rollout, timed_update
+    return module
+
+
+def report_header(args) -> None:
+    import importlib.util
+
+    import lightning
+    import peft
+    import transformers
+
+    trl = f", trl {__import__('trl').__version__}" if importlib.util.find_spec("trl") else ""
+    print(f"torch threads: {torch.get_num_threads()}")
+    print(f"versions: torch {torch.__version__}, lightning {lightning.__version__}, transformers "
+          f"{transformers.__version__}, peft {peft.__version__}{trl}")
+
+
+# ----------------------------------------------------------------------------------------------- memory
+def memory_child(args) -> None:
+    """One side, ``args.child`` in {ours, ours-adapter, trl}: build, run 2 iterations, print a JSON line."""
+    from lightning.pytorch import Trainer
+
+    model_dir = Path(args.model_dir)
+    prompts = make_prompts(64, SMOLLM2["vocab_size"], args.seed)
+    t = time.perf_counter()
+    if args.child.startswith("ours"):
+        module, data = ours_parts(model_dir, prompts, args, reward="adapter" if args.child == "ours-adapter"
+                                  else "separate")
+        trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                          enable_model_summary=False, max_epochs=-1, num_sanity_val_steps=0,
+                          limit_val_batches=0, max_steps=2 * module.updates_per_rollout(args.batch))
+        trainer.fit(module, datamodule=data)
+    else:
+        args.warmup, args.iters = 0, 2
+        trl_trainer(model_dir, prompts, args, []).train()
+    import resource
+
+    print(json.dumps({"side": args.child, "seconds": time.perf_counter() - t,
+                      "self_maxrss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def memory_run(args) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = Path(tmp) / "model"
+        build_model(model_dir, SMOLLM2, args.seed)
+        export_reward_adapter(model_dir)
+        results = {}
+        for side in ("trl", "ours", "ours-adapter"):
+            cmd = [sys.executable, __file__, "--child", side, "--model-dir", str(model_dir), "--batch",
+                   str(args.batch), "--new", str(args.new), "--threads", str(args.threads)]
+            if args.value_from_policy and side != "trl":
+                cmd.append("--value-from-policy")
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+            out = proc.stdout.read()
+            _, status, usage = os.wait4(proc.pid, 0)
+            if status != 0:
+                raise RuntimeError(f"{side} child failed ({status}): {out[-2000:]}")
+            line = json.loads([x for x in out.splitlines() if x.startswith("{")][-1])
+            results[side] = (usage.ru_maxrss / 1024, line["seconds"])
+    report_header(args)
+    critic = "value head on the policy trunk" if args.value_from_policy else "value adapter"
+    print(f"model: SmolLM2-135M shape (h576 L30 heads 9/3 ffn1536 vocab49152 tied), random; batch {args.batch}, "
+          f"response {args.new}, LoRA r=8 policy, ours: {critic}; 2 iterations per child\n")
+    print("| side | peak RSS MiB (child ru_maxrss) | wall s |")
+    print("|---|---|---|")
+    names = {"trl": "TRL PPOTrainer (policy+LoRA, value model, reward model)",
+             "ours": "lrlhf, reward = separate ScalarModel",
+             "ours-adapter": "lrlhf, reward = LoRA adapter on the policy's base (one base, four roles)"}
+    for side, (rss, secs) in results.items():
+        print(f"| {names[side]} | {rss:.0f} | {secs:.1f} |")
+    print()
+    for side in ("ours", "ours-adapter"):
+        print(f"ratio {side} / TRL: {results[side][0] / results['trl'][0]:.3f}  (target <= 0.6)")
+
+
+def export_reward_adapter(model_dir: Path) -> None:
+    """A LoRA reward model on ``model_dir`` exported as :meth:`RewardModule.export` does (untrained adapter,
+    random head: the figures are about memory)."""
+    from lrlhf.models import LoraSpec, ModelConfig
+    from lrlhf.modules import RewardConfig, RewardModule
+
+    module = RewardModule(ModelConfig(str(model_dir)), RewardConfig(lora=LoraSpec(r=8)))
+    module.export(model_dir.parent / "rm")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--iters", type=int, default=6, help="timed iterations per side")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed first iterations per side")
+    parser.add_argument("--batch", type=int, default=None, help="prompts per iteration (16; memory: 8)")
+    parser.add_argument("--new", type=int, default=None, help="response tokens (64; memory: 32)")
+    parser.add_argument("--full", action="store_true", help="TRL with a full-parameter policy")
+    parser.add_argument("--memory", action="store_true", help="peak RSS at the SmolLM2-135M shape")
+    parser.add_argument("--value-from-policy", action="store_true",
+                        help="ours with ppo.value_from_policy (the critic's head on the policy's trunk)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    small = args.memory or args.child
+    args.batch = args.batch or (8 if small else 16)
+    args.new = args.new or (32 if small else 64)
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    if args.child:
+        memory_child(args)
+    elif args.memory:
+        memory_run(args)
+    else:
+        time_run(args)
+
+
+if __name__ == "__main__":
+    main()

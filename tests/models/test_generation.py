@@ -1,0 +1,109 @@
+"""sample_with_logprobs: log-probs (and values) equal to a teacher-forced forward; the categorical sampler draws
+each id with its probability; EOS handling as ``generate``."""
+
+import pytest
+import torch
+
+from lrlhf.models.generation import sample_categorical, sample_with_logprobs
+
+VOCAB = 64  # the vocabulary of conftest._tiny
+
+PAD, EOS = 0, 1
+
+
+def _prompts():
+    """Three left-padded prompts of lengths 5, 2 and 7 (ids never PAD or EOS)."""
+    g = torch.Generator().manual_seed(0)
+    lengths = [5, 2, 7]
+    ids = torch.full((3, 7), PAD)
+    mask = torch.zeros(3, 7, dtype=torch.long)
+    for row, n in enumerate(lengths):
+        ids[row, 7 - n:] = torch.randint(2, VOCAB, (n,), generator=g)
+        mask[row, 7 - n:] = 1
+    return ids, mask
+
+
+def test_categorical_sampler_draws_each_id_with_its_probability():
+    probs = torch.tensor([[0.5, 0.0, 0.2, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 1.0], [1.5, 0.0, 0.6, 0.9, 0.0]])
+    n = 100_000
+    torch.manual_seed(0)
+    draws = sample_categorical(probs.repeat_interleave(n, dim=0)).view(3, n)
+    for row, expected in zip(draws, probs / probs.sum(-1, keepdim=True), strict=True):
+        freq = torch.bincount(row, minlength=5).double() / n
+        sigma = (expected.double() * (1 - expected.double()) / n).sqrt()
+        assert ((freq - expected.double()).abs() <= 5 * sigma + 1e-12).all(), (freq, expected)
+        assert (freq[expected == 0] == 0).all()  # a zero-probability id is never drawn
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_logprobs_equal_a_teacher_forced_forward(tiny_model, temperature):
+    model = tiny_model.eval()
+    ids, mask = _prompts()
+    torch.manual_seed(3)
+    sampled, logprobs = sample_with_logprobs(model, ids, mask, max_new_tokens=12, temperature=temperature,
+                                             eos_token_ids=[EOS], pad_token_id=PAD)
+    assert sampled.shape == logprobs.shape and sampled.shape[0] == 3
+    # each row alone, unpadded, teacher-forced through its sampled ids up to and including its stop
+    for row in range(ids.shape[0]):
+        prompt = ids[row][mask[row].bool()]
+        stops = (sampled[row] == EOS).nonzero()
+        n = int(stops[0]) + 1 if len(stops) else sampled.shape[1]
+        with torch.no_grad():
+            logits = model(input_ids=torch.cat([prompt, sampled[row, :n]])[None]).logits[0]
+        direct = torch.log_softmax(logits[len(prompt) - 1:len(prompt) - 1 + n] / temperature, dim=-1)
+        direct = direct.gather(-1, sampled[row, :n, None]).squeeze(-1)
+        torch.testing.assert_close(logprobs[row, :n], direct, atol=1e-5, rtol=0)
+
+
+def test_values_of_a_head_on_the_trunk_equal_a_teacher_forced_pass(tiny_model):
+    from lrlhf.models.heads import ScalarHead, decoder
+
+    model = tiny_model.eval()
+    head = ScalarHead(model.config.hidden_size)
+    ids, mask = _prompts()
+    torch.manual_seed(5)
+    plain = sample_with_logprobs(model, ids, mask, max_new_tokens=6, temperature=1.0, eos_token_ids=[EOS],
+                                 pad_token_id=PAD)
+    torch.manual_seed(5)
+    sampled, logprobs, values = sample_with_logprobs(model, ids, mask, max_new_tokens=6, temperature=1.0,
+                                                     eos_token_ids=[EOS], pad_token_id=PAD, value_head=head)
+    assert torch.equal(sampled, plain[0]) and torch.equal(logprobs, plain[1])  # the head changes nothing else
+    for row in range(ids.shape[0]):
+        prompt = ids[row][mask[row].bool()]
+        stops = (sampled[row] == EOS).nonzero()
+        n = int(stops[0]) + 1 if len(stops) else sampled.shape[1]
+        with torch.no_grad():
+            hidden = decoder(model)(input_ids=torch.cat([prompt, sampled[row, :n]])[None]).last_hidden_state[0]
+            direct = head(hidden[len(prompt) - 1:len(prompt) - 1 + n])
+        torch.testing.assert_close(values[row, :n], direct, atol=1e-5, rtol=0)
+
+
+def test_stops_with_eos_pads_after_it_and_ends_when_every_row_stopped(tiny_llama):
+    model = tiny_llama.eval()
+    with torch.no_grad():  # a model that almost always says EOS after a few tokens: bias the LM head
+        model.lm_head.weight[EOS] = 0.0
+        model.lm_head.weight[EOS, :4] = 2.0
+    ids, mask = _prompts()
+    torch.manual_seed(0)
+    sampled, logprobs = sample_with_logprobs(model, ids, mask, max_new_tokens=40, temperature=1.0,
+                                             eos_token_ids=[EOS], pad_token_id=PAD)
+    assert sampled.shape[1] < 40  # stopped early: every row has an EOS
+    assert logprobs.shape == sampled.shape
+    for row in sampled:
+        first = int((row == EOS).nonzero()[0])
+        assert (row[first + 1:] == PAD).all()
+    assert (sampled == EOS).any(dim=1).all()
+
+
+def test_one_token_and_bad_arguments(tiny_llama):
+    ids, mask = _prompts()
+    sampled, logprobs = sample_with_logprobs(tiny_llama.eval(), ids, mask, max_new_tokens=1, temperature=1.0,
+                                             eos_token_ids=[EOS], pad_token_id=PAD)
+    assert sampled.shape == logprobs.shape == (3, 1)
+    assert (logprobs <= 0).all()
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        sample_with_logprobs(tiny_llama, ids, mask, max_new_tokens=4, temperature=0.0, eos_token_ids=[EOS],
+                             pad_token_id=PAD)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        sample_with_logprobs(tiny_llama, ids, mask, max_new_tokens=0, temperature=1.0, eos_token_ids=[EOS],
+                             pad_token_id=PAD)
