@@ -130,7 +130,7 @@ def our_trainer_parts(model_dir: Path, pairs, args):
     data = [EncodedPair(encoded(c, p), encoded(r, p), 1.0) for c, r, p in pairs]
     loader = DataLoader(data, batch_size=len(data), shuffle=False, collate_fn=partial(collate_pairs, pad_token_id=PAD))
     config = RewardConfig(lr=args.lr, weight_decay=0.0, scheduler="linear", warmup_steps=0,
-                          lora=LoraSpec(r=8, alpha=16.0) if args.lora else None)
+                          lora=LoraSpec(r=8, alpha=16.0) if args.lora else None, compile=args.compile)
     module = RewardModule(ModelConfig(str(model_dir)), config)
     return module, loader
 
@@ -158,7 +158,7 @@ def trl_trainer(model_dir: Path, pairs, args, head_weight: torch.Tensor, callbac
         max_steps=args.warmup + args.steps, learning_rate=args.lr, weight_decay=0.0, lr_scheduler_type="linear",
         warmup_steps=0, max_grad_norm=1.0, bf16=False, fp16=False, gradient_checkpointing=False,
         max_length=args.length, use_cpu=True, report_to="none", save_strategy="no", logging_steps=10,
-        dataloader_num_workers=0, disable_tqdm=True, seed=args.seed,
+        dataloader_num_workers=0, disable_tqdm=True, seed=args.seed, torch_compile=args.trl_compile,
     )
     return RewardTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=callbacks)
@@ -177,6 +177,75 @@ def first_losses(module, loader, trainer) -> tuple[float, float]:
     return ours, theirs
 
 
+CATEGORIES = (
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")),
+    ("attention", ("scaled_dot_product", "_efficient_attention", "_flash_attention", "softmax")),
+    ("optimizer", ("_foreach_", "adam", "Optimizer.step")),
+)
+
+
+def profile_phases(name: str, phases, repeats: int = 3) -> dict[str, float]:
+    """Median wall ms of each ``(label, fn)`` phase over ``repeats`` runs of the sequence, then one run under
+    torch.profiler, whose self-CPU time is grouped into matmul / attention / optimizer / other."""
+    from torch.profiler import ProfilerActivity, profile
+
+    walls: dict[str, list[float]] = {label: [] for label, _ in phases}
+    for _ in range(repeats):
+        for label, fn in phases:
+            start = time.perf_counter()
+            fn()
+            walls[label].append(1e3 * (time.perf_counter() - start))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _, fn in phases:
+            fn()
+    groups = dict.fromkeys([c for c, _ in CATEGORIES] + ["other"], 0.0)
+    for event in prof.key_averages():
+        key = event.key
+        category = next((c for c, needles in CATEGORIES if any(n in key for n in needles)), "other")
+        groups[category] += event.self_cpu_time_total / 1e3
+    total = sum(groups.values())
+    row = {label: statistics.median(ms) for label, ms in walls.items()}
+    print(f"| {name} | " + " | ".join(f"{label} {ms:.1f}" for label, ms in row.items())
+          + f" | total {sum(row.values()):.1f} | "
+          + ", ".join(f"{c} {100 * v / total:.0f} %" for c, v in groups.items()) + " |")
+    return row
+
+
+def profile_both(module, loader, trainer, opt_ours, times, args) -> None:
+    """One more step of each side outside its loop, phase by phase (forward + loss, backward, clipping, AdamW +
+    zero_grad); the loop's median minus their sum is the framework's own time per step."""
+    batch = next(iter(loader))
+    inputs = next(iter(trainer.get_train_dataloader()))
+    model = trainer.model
+    opt_trl = trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+    state: dict = {}
+
+    def ours_forward():
+        state["ours"] = module.compute_loss(module.score(batch), batch).loss
+
+    def trl_forward():
+        state["trl"] = trainer.compute_loss(model, dict(inputs))
+
+    def clip(parameters):
+        return lambda: torch.nn.utils.clip_grad_norm_([p for p in parameters if p.grad is not None], 1.0)
+
+    def step(opt):
+        return lambda: (opt.step(), opt.zero_grad())
+
+    print()
+    print("| side (phases, ms) | | | | | total | self-CPU time by op |")
+    print("|---|---|---|---|---|---|---|")
+    for name, forward, key, params, opt in (
+        ("lrlhf", ours_forward, "ours", list(module.parameters()), opt_ours),
+        ("TRL", trl_forward, "trl", list(model.parameters()), opt_trl),
+    ):
+        row = profile_phases(name, [("forward+loss", forward), ("backward", lambda k=key: state[k].backward()),
+                                    ("clip", clip(params)), ("adamw+zero_grad", step(opt))])
+        loop = statistics.median(times[key][args.warmup:]) * 1e3
+        print(f"|   {name} loop median {loop:.1f} ms: framework and logging {loop - sum(row.values()):.1f} ms |")
+    trainer._metrics["train"].clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=16)
@@ -187,6 +256,9 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true", help="LoRA r=8 instead of full fine-tuning")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="ours: RewardConfig(compile=True)")
+    parser.add_argument("--trl-compile", action="store_true", help="TRL: TrainingArguments(torch_compile=True)")
+    parser.add_argument("--profile", action="store_true", help="after the run, one step of each side by phase")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -252,6 +324,8 @@ def main() -> None:
             raise RuntimeError("TRL's loop failed") from baton.failed
 
         trl_model = theirs.model
+        if args.profile:
+            profile_both(module, loader, theirs, opt_ours=module.trainer.optimizers[0], times=times, args=args)
         n_ours = sum(p.numel() for p in module.model.parameters() if p.requires_grad)
         n_trl = sum(p.numel() for p in trl_model.parameters() if p.requires_grad)
         batch = next(iter(loader))
@@ -276,6 +350,8 @@ def main() -> None:
           f"fused={opt_ours.defaults.get('fused')}); TRL {type(opt_trl).__name__}(foreach="
           f"{opt_trl.defaults.get('foreach')}, fused={opt_trl.defaults.get('fused')})")
     print(f"loss before training: ours {loss_ours:.6f}  TRL {loss_trl:.6f}")
+    print(f"torch.compile: ours {args.compile}, TRL {args.trl_compile}; first step (compile included): ours "
+          f"{times['ours'][0]:.1f} s, TRL {times['trl'][0]:.1f} s")
     print(f"steps: {args.warmup} warm-up + {args.steps} timed per side, alternating step by step")
     print()
     print("| side | median ms/step | q1-q3 | min-max |")
