@@ -19,7 +19,13 @@ What is compared (issue #4's target: our step <= 0.7x TRL's):
 - Training: fp32, full fine-tuning (``--lora``: LoRA r=8 on every linear of the attention and MLP blocks,
   head trained), AdamW lr 1e-4, no weight decay, linear schedule without warmup, gradient norm clipped to
   1.0 on both sides (TRL's default; HF's loop computes the norm even when it does not clip). TRL's defaults
-  ``gradient_checkpointing=True`` and ``bf16=True`` are switched off so it does the same work as ours.
+  ``gradient_checkpointing=True`` and ``bf16=True`` are switched off so it does the same work as ours
+  (``--trl-gradient-checkpointing`` keeps the former: TRL as shipped, a data point, not like for like).
+- ``--compile``: ours with ``RewardConfig(compile=True)``; ``--trl-compile``: TRL with ``torch_compile=True``.
+  Compilation happens in the first (warm-up) step of each side, printed separately.
+- ``--profile``: after the run, one more step of each side outside its loop, phase by phase (forward + loss,
+  backward, clipping, AdamW + zero_grad: median of 3) and self-CPU time by op kind (torch.profiler); the
+  loop median minus the phases is the framework's own time.
 - A step is what each framework runs per optimizer step, inside its real training loop: Lightning's
   ``Trainer.fit`` for ours (``training_step`` with its ``self.log`` calls, backward, clipping, AdamW, zero_grad),
   HF's ``Trainer.train`` for TRL (``training_step``: ``compute_loss`` with its metric ``.item()`` calls and the
@@ -130,7 +136,7 @@ def our_trainer_parts(model_dir: Path, pairs, args):
     data = [EncodedPair(encoded(c, p), encoded(r, p), 1.0) for c, r, p in pairs]
     loader = DataLoader(data, batch_size=len(data), shuffle=False, collate_fn=partial(collate_pairs, pad_token_id=PAD))
     config = RewardConfig(lr=args.lr, weight_decay=0.0, scheduler="linear", warmup_steps=0,
-                          lora=LoraSpec(r=8, alpha=16.0) if args.lora else None)
+                          lora=LoraSpec(r=8, alpha=16.0) if args.lora else None, compile=args.compile)
     module = RewardModule(ModelConfig(str(model_dir)), config)
     return module, loader
 
@@ -156,9 +162,10 @@ def trl_trainer(model_dir: Path, pairs, args, head_weight: torch.Tensor, callbac
     config = RewardConfig(
         output_dir=str(model_dir.parent / "trl-out"), per_device_train_batch_size=len(pairs),
         max_steps=args.warmup + args.steps, learning_rate=args.lr, weight_decay=0.0, lr_scheduler_type="linear",
-        warmup_steps=0, max_grad_norm=1.0, bf16=False, fp16=False, gradient_checkpointing=False,
+        warmup_steps=0, max_grad_norm=1.0, bf16=False, fp16=False,
+        gradient_checkpointing=args.trl_gradient_checkpointing,
         max_length=args.length, use_cpu=True, report_to="none", save_strategy="no", logging_steps=10,
-        dataloader_num_workers=0, disable_tqdm=True, seed=args.seed,
+        dataloader_num_workers=0, disable_tqdm=True, seed=args.seed, torch_compile=args.trl_compile,
     )
     return RewardTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
                          peft_config=peft_config, callbacks=callbacks)
@@ -177,6 +184,80 @@ def first_losses(module, loader, trainer) -> tuple[float, float]:
     return ours, theirs
 
 
+CATEGORIES = (
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear")),
+    ("attention", ("scaled_dot_product", "_efficient_attention", "_flash_attention", "softmax")),
+    ("optimizer", ("_foreach_", "adam", "Optimizer.step")),
+)
+
+
+def op_kinds(phases) -> dict[str, float]:
+    """One run of the ``(label, fn)`` phases under torch.profiler: self-CPU ms grouped by op kind."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _, fn in phases:
+            fn()
+    groups = dict.fromkeys([c for c, _ in CATEGORIES] + ["other"], 0.0)
+    for event in prof.key_averages():
+        category = next((c for c, needles in CATEGORIES if any(n in event.key for n in needles)), "other")
+        groups[category] += event.self_cpu_time_total / 1e3
+    return groups
+
+
+def profile_both(module, loader, trainer, opt_ours, times, args, repeats: int = 5) -> None:
+    """More steps of each side outside its loop, phase by phase (forward + loss, backward, clipping, AdamW +
+    zero_grad), the sides alternating step by step; median wall ms per phase over ``repeats``, then one step of
+    each under torch.profiler (self-CPU time by op kind). The loop's median minus the phases' sum is the
+    framework's own time per step (negative values are noise)."""
+    batch = next(iter(loader))
+    inputs = next(iter(trainer.get_train_dataloader()))
+    model = trainer.model
+    opt_trl = trainer.optimizer.optimizer if hasattr(trainer.optimizer, "optimizer") else trainer.optimizer
+    state: dict = {}
+
+    def ours_forward():
+        state["ours"] = module.compute_loss(module.score(batch), batch).loss
+
+    def trl_forward():
+        state["trl"] = trainer.compute_loss(model, dict(inputs))
+
+    def clip(parameters):
+        return lambda: torch.nn.utils.clip_grad_norm_([p for p in parameters if p.grad is not None], 1.0)
+
+    def step(opt):
+        return lambda: (opt.step(), opt.zero_grad())
+
+    sides = {
+        name: [("forward+loss", forward), ("backward", lambda k=key: state[k].backward()),
+               ("clip", clip(params)), ("adamw+zero_grad", step(opt))]
+        for name, forward, key, params, opt in (
+            ("ours", ours_forward, "ours", list(module.parameters()), opt_ours),
+            ("trl", trl_forward, "trl", list(model.parameters()), opt_trl),
+        )
+    }
+    walls = {name: {label: [] for label, _ in phases} for name, phases in sides.items()}
+    for _ in range(repeats):
+        for name, phases in sides.items():
+            for label, fn in phases:
+                start = time.perf_counter()
+                fn()
+                walls[name][label].append(1e3 * (time.perf_counter() - start))
+    print()
+    print(f"| side | forward+loss | backward | clip | AdamW+zero_grad | phases | loop median | framework "
+          f"| self-CPU by op |  (ms, median of {repeats}, alternating)")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, phases in sides.items():
+        groups = op_kinds(phases)
+        total = sum(groups.values())
+        row = [statistics.median(walls[name][label]) for label, _ in phases]
+        loop = statistics.median(times[name][args.warmup:]) * 1e3
+        kinds = ", ".join(f"{c} {100 * v / total:.0f} %" for c, v in groups.items())
+        print(f"| {name} | " + " | ".join(f"{ms:.1f}" for ms in row)
+              + f" | {sum(row):.1f} | {loop:.1f} | {loop - sum(row):.1f} | {kinds} |")
+    trainer._metrics["train"].clear()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=16)
@@ -187,6 +268,12 @@ def main() -> None:
     parser.add_argument("--lora", action="store_true", help="LoRA r=8 instead of full fine-tuning")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile", action="store_true", help="ours: RewardConfig(compile=True)")
+    parser.add_argument("--trl-compile", action="store_true", help="TRL: TrainingArguments(torch_compile=True)")
+    parser.add_argument("--trl-gradient-checkpointing", action="store_true",
+                        help="TRL: keep its default gradient_checkpointing=True (recomputes the forward: not the "
+                        "same work; a 'TRL as shipped' data point, not the like-for-like comparison)")
+    parser.add_argument("--profile", action="store_true", help="after the run, one step of each side by phase")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -252,6 +339,8 @@ def main() -> None:
             raise RuntimeError("TRL's loop failed") from baton.failed
 
         trl_model = theirs.model
+        if args.profile:
+            profile_both(module, loader, theirs, opt_ours=module.trainer.optimizers[0], times=times, args=args)
         n_ours = sum(p.numel() for p in module.model.parameters() if p.requires_grad)
         n_trl = sum(p.numel() for p in trl_model.parameters() if p.requires_grad)
         batch = next(iter(loader))
@@ -276,6 +365,9 @@ def main() -> None:
           f"fused={opt_ours.defaults.get('fused')}); TRL {type(opt_trl).__name__}(foreach="
           f"{opt_trl.defaults.get('foreach')}, fused={opt_trl.defaults.get('fused')})")
     print(f"loss before training: ours {loss_ours:.6f}  TRL {loss_trl:.6f}")
+    print(f"TRL gradient checkpointing: {args.trl_gradient_checkpointing}")
+    print(f"torch.compile: ours {args.compile}, TRL {args.trl_compile}; first step (compile included): ours "
+          f"{times['ours'][0]:.1f} s, TRL {times['trl'][0]:.1f} s")
     print(f"steps: {args.warmup} warm-up + {args.steps} timed per side, alternating step by step")
     print()
     print("| side | median ms/step | q1-q3 | min-max |")

@@ -84,10 +84,13 @@ class ScalarModel(nn.Module):
         """``(B, T, H)`` last hidden states.
 
         Position ids are derived from the attention mask unless given, so left- and right-padded rows get
-        the same positions as unpadded ones (transformers would otherwise count pads on the left).
+        the same positions as unpadded ones (transformers would otherwise count pads on the left). No KV cache
+        is built unless ``use_cache`` is given (a scoring forward never reuses one; Llama-style models would
+        otherwise allocate a ``DynamicCache`` on every call, training included).
         """
         if "position_ids" not in kwargs:
             kwargs["position_ids"] = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        kwargs.setdefault("use_cache", False)
         out = decoder(self.backbone)(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
         return out.last_hidden_state
 

@@ -42,6 +42,7 @@ from lrlhf.models import (
     load_causal_lm,
     load_tokenizer,
 )
+from lrlhf.models.heads import decoder
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
 
 HEAD_INITS = ("normal", "zero")
@@ -83,6 +84,15 @@ class RewardConfig:
     """Validation: seed of the fixed generator that randomises the A/B order for ECE and AUROC."""
     calibration_bins: int = 10
     """Validation: bins of the expected calibration error."""
+    compile: bool = False
+    """``torch.compile`` (inductor) the backbone's transformer body (in place: parameter names, ``state_dict``
+    and exports are unchanged) for every forward of this module. The first forward of a new input shape, and
+    of training vs. no-grad, compiles (tens of seconds on a CPU), so it pays off only for long runs; padded
+    batches are right-padded to a multiple of ``compile_pad_multiple`` tokens so few shapes occur (after a
+    second shape, torch.compile recompiles once with dynamic sizes). Not tested with FSDP."""
+    compile_pad_multiple: int = 64
+    """With ``compile``: a padded batch's sequence length is rounded up to a multiple of this many tokens
+    (the extra positions are masked padding, so the rewards are unchanged). 1: no rounding."""
 
     def __post_init__(self):
         if not self.lr > 0:
@@ -103,6 +113,8 @@ class RewardConfig:
             raise ValueError(f"reward.similar_length must be >= 0, got {self.similar_length}")
         if self.calibration_bins < 1:
             raise ValueError(f"reward.calibration_bins must be >= 1, got {self.calibration_bins}")
+        if self.compile_pad_multiple < 1:
+            raise ValueError(f"reward.compile_pad_multiple must be >= 1, got {self.compile_pad_multiple}")
         if isinstance(self.lora, dict):  # from a YAML config
             self.lora = LoraSpec(**self.lora)
 
@@ -163,6 +175,18 @@ def ranking_pairs(ranks: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]
     return first, second, target
 
 
+def pad_to_multiple(input_ids: Tensor, attention_mask: Tensor, multiple: int) -> tuple[Tensor, Tensor]:
+    """Right-pad ``(B, T)`` ids (with id 0) and mask (with 0) to the next multiple of ``multiple`` columns.
+
+    The new columns are masked out, so every real token's hidden state and each row's last attended token
+    are unchanged; a compiled forward then sees one shape per bucket instead of one per batch length.
+    """
+    extra = -input_ids.shape[1] % multiple
+    if extra == 0:
+        return input_ids, attention_mask
+    return F.pad(input_ids, (0, extra), value=0), F.pad(attention_mask, (0, extra), value=0)
+
+
 def pairwise_accuracy(margin: Tensor) -> Tensor:
     """``(P,)`` 1 where the preferred side scores higher, 0 where lower, 1/2 for equal scores."""
     return (margin > 0).float() + 0.5 * (margin == 0).float()
@@ -197,6 +221,8 @@ class RewardModule(pl.LightningModule):
                 model = add_adapters(model, {ADAPTER_NAME: config.lora})
             model = ScalarModel(model, zero_init=config.head_init == "zero")
         self.model = model
+        if config.compile:
+            decoder(model.backbone).compile()  # lazily, at the first forward
         self.tokenizer = tokenizer
         self.calibration: RewardCalibration | None = None
         self._order_generator = torch.Generator().manual_seed(config.order_seed)
@@ -243,7 +269,10 @@ class RewardModule(pl.LightningModule):
             hidden = self.model.hidden_states(attention_mask=None, **model_inputs(batch))  # (R, L, H)
             ends = torch.cat([batch["chosen_end"], batch["rejected_end"]])  # (2B, 2)
             return self.model.head(hidden[ends[:, 0], ends[:, 1]])
-        return self.model.score(batch["input_ids"], batch["attention_mask"])
+        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+        if self.config.compile:
+            input_ids, attention_mask = pad_to_multiple(input_ids, attention_mask, self.config.compile_pad_multiple)
+        return self.model.score(input_ids, attention_mask)
 
     def pair_source(self, source: str, meta: dict) -> str:
         """The group a pair's accuracy is reported under: ``meta["source"]``, else the toy task kind
