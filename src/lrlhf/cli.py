@@ -316,7 +316,7 @@ def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
     trained, module = module, _whole(cfg, module, trainer)
     if module is None:
         return {}
-    if module is not trained or data.trainer.world_size > 1:  # rank 0 evaluates alone, on the whole test set
+    if module is not trained or getattr(data.trainer, "world_size", 1) > 1:  # rank 0 alone, the whole test set
         data.trainer = None
         data.setup("test")
         # the per-source metrics are created up front (a metric made during validation would sync)
@@ -492,7 +492,12 @@ def run(cfg: DictConfig) -> dict:
                 shutil.rmtree(building)
         with open_dict(dep):
             dep.logger = None
-        run_stage(_at(dep, building), building, out_dir)
+        try:
+            run_stage(_at(dep, building), building, out_dir)
+        except BaseException:
+            if zero:  # as a failed atomic_save_folder: the cache keeps no half-built stage
+                shutil.rmtree(building, ignore_errors=True)
+            raise
         if zero:
             swap_folder_in(building, out_dir)
         barrier()  # the next stage reads this one's export
