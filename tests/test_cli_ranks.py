@@ -120,6 +120,27 @@ def test_ppo_lora_under_fsdp2_with_torchrun_builds_its_stages_in_the_same_launch
         torch.testing.assert_close(merged(ids).logits, with_adapter(ids).logits, atol=1e-5, rtol=0)
 
 
+def test_sft_lora_under_cpu_fsdp1_with_torchrun(tmp_path):
+    """FSDP1 (``fsdp_cpu``: the ``fsdp`` wrapping on CPU): the parameters are unsharded for the export; the adapter
+    export equals the last sharded checkpoint's trained adapter."""
+    from safetensors.torch import load_file
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    run = tmp_path / "run"
+    _torchrun(tmp_path, "recipe=sft_lora", "strategy=fsdp_cpu", f"hydra.run.dir={run}", "trainer.max_steps=3",
+              "data.batch_size=8")
+    assert json.loads((run / "summary.json").read_text())["adapter"] == str(run / "adapter")
+    dcp_to_torch_save(run / "checkpoints" / "last.ckpt", tmp_path / "full.pt")
+    state = torch.load(tmp_path / "full.pt", weights_only=True)["model"]
+    adapter = load_file(run / "adapter" / "adapter_model.safetensors")
+    policy = {k.removeprefix("model.").replace(".policy", ""): v for k, v in state.items() if ".policy." in k}
+    assert adapter.keys() == policy.keys() and any("lora_B" in k for k in adapter)
+    assert min(v.abs().max() for k, v in adapter.items() if "lora_B" in k) > 0  # zero-initialised: trained
+    for name, weight in policy.items():
+        assert torch.equal(adapter[name], weight), name
+    assert not _leftovers(tmp_path)
+
+
 def test_rm_under_ddp_with_lightnings_launcher(tmp_path):
     """``python train.py trainer.devices=2``: Lightning starts rank 1 at the first fit (the needed sft stage),
     re-running train.py with the same run folder."""

@@ -254,9 +254,9 @@ def _whole(cfg, module, trainer):
     training; None on the other ranks. One process: ``module`` itself.
 
     Several processes: a collective (every rank calls it). A replica (``ddp``) is ``module`` on rank 0; a sharded
-    model (``fsdp``, ``fsdp2``) is gathered as a full state dict on rank 0's CPU
-    (``torch.distributed.checkpoint.state_dict.get_model_state_dict``) and loaded into a fresh, unsharded module
-    built from ``cfg.module``. Its torchmetrics are told not to sync (only rank 0 evaluates).
+    model is gathered whole on rank 0 (``fsdp2``: ``get_model_state_dict`` with a full state dict offloaded to
+    the CPU; ``fsdp``: the parameters unsharded) and loaded into a fresh, unsharded module built from
+    ``cfg.module``. Its torchmetrics are told not to sync (only rank 0 evaluates).
     """
     import torch
 
@@ -265,18 +265,16 @@ def _whole(cfg, module, trainer):
 
     if world_size() == 1:
         return module
-    if is_fsdp_wrapped(trainer.strategy.model) or any(
-            type(p).__name__ == "DTensor" for p in module.parameters()):
+    fsdp1 = is_fsdp_wrapped(trainer.strategy.model)
+    if fsdp1 or any(type(p).__name__ == "DTensor" for p in module.parameters()):
         from hydra.utils import instantiate
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        state = get_model_state_dict(trainer.strategy.model,
-                                     options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        state = _fsdp1_full_state(trainer.strategy.model, module) if fsdp1 else _fsdp2_full_state(module)
         if rank() != 0:
             return None
         whole = instantiate(cfg.module, tokenizer=module.tokenizer, _convert_="all")
         whole.configure_model()
-        whole.load_state_dict(state)
+        whole.load_state_dict({name: state[name] for name in whole.state_dict()})
         whole.to(torch.device("cpu"))
     elif rank() != 0:
         return None
@@ -284,6 +282,31 @@ def _whole(cfg, module, trainer):
         whole = module
     _no_metric_sync(whole)
     return whole
+
+
+def _fsdp2_full_state(module) -> dict:
+    """The full state dict of an FSDP2-sharded ``module`` on rank 0's CPU (empty on the others); a collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _fsdp1_full_state(root, module) -> dict:
+    """The parameters and buffers of ``module`` under the FSDP1 unit ``root``, whole, copied on rank 0 (empty on
+    the others); a collective. Every rank unshards them (``summon_full_params``) for the copy: FSDP1's full state
+    dict, and ``summon_full_params(rank0_only=True, offload_to_cpu=True)``, segfaulted on CPU (gloo) with torch
+    2.13."""
+    from itertools import chain
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from lrlhf.utils.distributed import rank
+
+    with FullyShardedDataParallel.summon_full_params(root, writeback=False):
+        if rank() != 0:
+            return {}
+        return {name.replace("_fsdp_wrapped_module.", ""): tensor.detach().clone()
+                for name, tensor in chain(module.named_parameters(), module.named_buffers())}
 
 
 def _no_metric_sync(module) -> None:
