@@ -196,3 +196,16 @@ def test_the_building_folder_is_named_alike_by_every_rank_and_apart_by_launches(
     a = cli._building_folder(target, tmp_path / "run")
     assert a == cli._building_folder(target, tmp_path / "run" / ".." / "run") and a.parent == target.parent
     assert a != cli._building_folder(target, tmp_path / "other") and a.name.startswith(".sft-123.")
+
+
+def test_other_ranks_plan_without_writing_as_rank_0_would_after_its_repair(tmp_path):
+    """A swap interrupted between its renames leaves only ``.<stage>.old``: rank 0 moves it back (recover), the
+    other ranks only read and must reach the same plan (the stage is done)."""
+    target = tmp_path / "stages" / "sft-1"
+    old = target.with_name(".sft-1.old")
+    old.mkdir(parents=True)
+    assert not cli._stage_done(target)  # no summary: not finished
+    (old / "summary.json").write_text("{}")
+    assert cli._stage_done(target) and not target.exists()  # read-only
+    cli.recover_folder(target)
+    assert cli._stage_done(target) and (target / "summary.json").is_file() and not old.exists()
