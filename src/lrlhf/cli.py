@@ -25,6 +25,7 @@ import json
 import logging
 import netrc
 import os
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,6 +38,10 @@ ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL_GROUPS = {"recipe": "recipes", "callbacks": "callbacks"}
 #: Override keys that dependency stages inherit from the main run.
 SHARED_KEYS = ("world", "model", "paths", "seed", "threads", "stage_overrides")
+#: Overrides of where and how a stage runs, which dependency stages inherit too: every process of a launch
+#: (``trainer.devices=N``, torchrun, srun) trains every stage, so they all run on the same devices and strategy.
+LAUNCH_KEYS = ("trainer", "strategy", "trainer.accelerator", "trainer.devices", "trainer.num_nodes",
+               "trainer.precision", "trainer.strategy")
 #: Keys that do not change what a stage computes (left out of its cache key).
 UNHASHED_KEYS = ("paths", "logger", "ckpt_path", "cache", "eval", "stage_overrides")
 
@@ -88,9 +93,10 @@ def world_dir(cfg: DictConfig) -> Path:
 
 def _shared_overrides(overrides: list[str]) -> list[str]:
     def key(override: str) -> str:
-        return override.lstrip("+~").split("=", 1)[0].split(".", 1)[0]
+        return override.lstrip("+~").split("=", 1)[0]
 
-    return [o for o in overrides if key(o) in SHARED_KEYS]
+    return [o for o in overrides if key(o).split(".", 1)[0] in SHARED_KEYS or key(o) in LAUNCH_KEYS
+            or key(o).startswith(("strategy.", "trainer.strategy."))]
 
 
 def stage_key(cfg: DictConfig) -> str:
@@ -102,11 +108,14 @@ def stage_key(cfg: DictConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path | None = None) -> list:
+def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path | None = None,
+         recover: bool = True) -> list:
     """Fill in ``world.dir`` and ``deps`` of ``cfg`` (recursively for its needs) and validate every stage.
 
     Returns the stages to run first, in order, as ``(recipe, cfg, out_dir)``; nothing is built here.
     ``inside``: build the needs in this folder (``cache=false``) instead of the cache.
+    ``recover``: repair an interrupted swap of a cached stage (global rank 0 does; the other ranks of a launch
+    only read, and reach the same plan: a stage is done if its folder, or the copy a repair would restore, is).
     """
     with open_dict(cfg):
         cfg.world.dir = str(world_dir(cfg))
@@ -114,7 +123,7 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
     for name, recipe in cfg.needs.items():
         extra = list(cfg.stage_overrides.get(name) or [])
         dep = compose(recipe, _shared_overrides(overrides) + extra)
-        todo += [t for t in plan(dep, overrides, compose, inside) if all(t[2] != u[2] for u in todo)]
+        todo += [t for t in plan(dep, overrides, compose, inside, recover) if all(t[2] != u[2] for u in todo)]
         with open_dict(dep):  # the run folder must not enter the key (callbacks interpolate it)
             dep.paths.run_dir = "<stage folder>"
         out_dir = (inside / name) if inside is not None else (
@@ -124,11 +133,19 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
             dep.paths.run_dir = str(out_dir)
         with open_dict(cfg):
             cfg.deps[name] = str(out_dir)
-        recover_folder(out_dir)  # a stage whose swap into the cache was interrupted
-        if not (out_dir / "summary.json").is_file() and all(t[2] != out_dir for t in todo):
+        if recover:
+            recover_folder(out_dir)  # a stage whose swap into the cache was interrupted
+        if not _stage_done(out_dir) and all(t[2] != out_dir for t in todo):
             todo.append((recipe, dep, out_dir))
     validate(cfg)
     return todo
+
+
+def _stage_done(out_dir: Path) -> bool:
+    """``out_dir`` holds a finished stage, or will once :func:`recover_folder` runs (read-only; the old copy is
+    looked at first: a concurrent repair moves it to ``out_dir`` or removes it only when ``out_dir`` is complete)."""
+    return (out_dir.with_name(f".{out_dir.name}.old") / "summary.json").is_file() or (
+        out_dir / "summary.json").is_file()
 
 
 def validate(cfg: DictConfig) -> None:
@@ -190,20 +207,30 @@ def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
 
     ``final_dir``: where ``out_dir`` will be moved once complete (a cached stage is built in a temporary folder
     and swapped in); the written config and summary name that place.
+
+    Several processes (``trainer.devices=N``, torchrun, srun): every rank trains (``fit`` is collective), in the
+    same ``out_dir``; only global rank 0 writes ``config.yaml``, the export and ``summary.json`` (the other ranks
+    take part in gathering a sharded model and wait at a barrier; the summary they return lacks rank 0's part).
     """
     import lightning.pytorch as pl
     import torch
     from hydra.utils import instantiate
 
     from lrlhf.models import load_tokenizer
+    from lrlhf.utils.distributed import barrier, is_global_zero
     from lrlhf.utils.io import atomic_write_text
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    zero = is_global_zero()
     torch.set_num_threads(cfg.threads)
     pl.seed_everything(cfg.seed, verbose=False)
     final_dir = final_dir or out_dir
-    atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(_at(cfg, final_dir), resolve=True))
+    if zero:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(_at(cfg, final_dir), resolve=True))
+    barrier()  # (only once a process group exists: before the first fit no other rank writes into out_dir)
     if cfg.stage == "eval":  # nothing to train: evaluate the policies of cfg.eval (lrlhf.eval.harness)
+        if not zero:  # one process evaluates (no collective runs in it)
+            return {"stage": "eval", "run_dir": str(out_dir)}
         from lrlhf.eval.harness import run_eval
 
         summary = {"stage": "eval", "run_dir": str(out_dir), **run_eval(cfg, out_dir)}
@@ -216,14 +243,92 @@ def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
     trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
     summary = {"stage": cfg.stage, "run_dir": str(out_dir), **FINISH[cfg.stage](cfg, module, data, trainer, out_dir)}
     summary = json.loads(json.dumps(summary, default=str).replace(str(out_dir), str(final_dir)))
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    if zero:
+        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    barrier()  # summary.json is written
     return summary
 
 
+def _whole(cfg, module, trainer):
+    """The trained module as one unsharded model on global rank 0, for the export and the evaluations after
+    training; None on the other ranks. One process: ``module`` itself.
+
+    Several processes: a collective (every rank calls it). A replica (``ddp``) is ``module`` on rank 0; a sharded
+    model is gathered whole on rank 0 (``fsdp2``: ``get_model_state_dict`` with a full state dict offloaded to
+    the CPU; ``fsdp``: the parameters unsharded) and loaded into a fresh, unsharded module built from
+    ``cfg.module``. Its torchmetrics are told not to sync (only rank 0 evaluates).
+    """
+    import torch
+
+    from lrlhf.strategies import is_fsdp_wrapped
+    from lrlhf.utils.distributed import rank, world_size
+
+    if world_size() == 1:
+        return module
+    fsdp1 = is_fsdp_wrapped(trainer.strategy.model)
+    if fsdp1 or any(type(p).__name__ == "DTensor" for p in module.parameters()):
+        from hydra.utils import instantiate
+
+        state = _fsdp1_full_state(trainer.strategy.model, module) if fsdp1 else _fsdp2_full_state(module)
+        if rank() != 0:
+            return None
+        whole = instantiate(cfg.module, tokenizer=module.tokenizer, _convert_="all")
+        whole.configure_model()
+        whole.load_state_dict({name: state[name] for name in whole.state_dict()})
+        whole.to(torch.device("cpu"))
+    elif rank() != 0:
+        return None
+    else:
+        whole = module
+    _no_metric_sync(whole)
+    return whole
+
+
+def _fsdp2_full_state(module) -> dict:
+    """The full state dict of an FSDP2-sharded ``module`` on rank 0's CPU (empty on the others); a collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _fsdp1_full_state(root, module) -> dict:
+    """The parameters and buffers of ``module`` under the FSDP1 unit ``root``, whole, copied on rank 0 (empty on
+    the others); a collective. Every rank unshards them (``summon_full_params``) for the copy: FSDP1's full state
+    dict, and ``summon_full_params(rank0_only=True, offload_to_cpu=True)``, segfaulted on CPU (gloo) with torch
+    2.13."""
+    from itertools import chain
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from lrlhf.utils.distributed import rank
+
+    with FullyShardedDataParallel.summon_full_params(root, writeback=False):
+        if rank() != 0:
+            return {}
+        return {name.replace("_fsdp_wrapped_module.", ""): tensor.detach().clone()
+                for name, tensor in chain(module.named_parameters(), module.named_buffers())}
+
+
+def _no_metric_sync(module) -> None:
+    """Let the torchmetrics of ``module`` compute without gathering across ranks (rank 0 evaluates alone)."""
+    from torchmetrics import Metric
+
+    for metric in module.modules():
+        if isinstance(metric, Metric):  # (its constructor argument; read by every sync)
+            metric.distributed_available_fn = _one_process
+
+
+def _one_process() -> bool:
+    return False
+
+
 def _finish_sft(cfg, module, data, trainer, out_dir: Path) -> dict:
+    summary = {"train/loss": _metric(trainer, "train/loss"), "val/loss": _metric(trainer, "val/loss")}
+    module = _whole(cfg, module, trainer)
+    if module is None:  # another rank than 0: rank 0 exports
+        return summary
     paths = module.export(out_dir)
-    return {"train/loss": _metric(trainer, "train/loss"), "val/loss": _metric(trainer, "val/loss"),
-            "export": str(paths.merged), "adapter": str(paths.adapter) if paths.adapter else None}
+    return {**summary, "export": str(paths.merged), "adapter": str(paths.adapter) if paths.adapter else None}
 
 
 def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
@@ -231,6 +336,17 @@ def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
 
     from lrlhf.modules import compute_calibration
 
+    trained, module = module, _whole(cfg, module, trainer)
+    if module is None:
+        return {}
+    if module is not trained or getattr(data.trainer, "world_size", 1) > 1:  # rank 0 alone, the whole test set
+        data.trainer = None
+        data.setup("test")
+        # the per-source metrics are created up front (a metric made during validation would sync)
+        pairs = [p for row in data.datasets["test"] for p in (row if isinstance(row, list) else [row])]
+        module.register_sources([*trained.val_source_accuracy,
+                                 *(module.pair_source(p.source, p.meta or {}) for p in pairs if hasattr(p, "meta"))])
+        _no_metric_sync(module)
     evaluator = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                            default_root_dir=str(out_dir))
     metrics = evaluator.validate(module, dataloaders=data.test_dataloader(), verbose=False)[0]
@@ -244,7 +360,10 @@ def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
 def _finish_ppo(cfg, module, data, trainer, out_dir: Path) -> dict:
     summary = {"rollouts": module.rollouts_done, "kl/beta": module.kl_controller.value,
                "rollout/kl_seq": _metric(trainer, "rollout/kl_seq"), "rollout/score": _metric(trainer, "rollout/score")}
-    summary.update(_restore_best(trainer, module))
+    summary.update(_restore_best(trainer, module))  # every rank (a sharded checkpoint is read collectively)
+    module = _whole(cfg, module, trainer)
+    if module is None:
+        return summary
     paths = module.export(out_dir / "export")
     summary.update(export=str(paths["merged"]), adapter=str(paths["adapter"]))
     if cfg.get("eval"):
@@ -310,6 +429,9 @@ def _compare_with_sft(cfg, module, name: str = "ppo") -> dict:
 
 def _finish_dpo(cfg, module, data, trainer, out_dir: Path) -> dict:
     summary = {key: _metric(trainer, key) for key in ("train/loss", "val/loss", "val/accuracy", "val/reward_margin")}
+    module = _whole(cfg, module, trainer)
+    if module is None:
+        return summary
     paths = module.export(out_dir / "export")
     summary.update(export=str(paths.merged), adapter=str(paths.adapter))
     if cfg.get("eval"):
@@ -360,31 +482,75 @@ def run(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
     from lrlhf.data.toy import WorldSizes, build_world
-    from lrlhf.utils.io import atomic_save_folder
+    from lrlhf.utils.distributed import barrier, is_global_zero, wait_for_file
+    from lrlhf.utils.io import atomic_save_folder, swap_folder_in
 
     logging.getLogger("lrlhf").setLevel(logging.WARNING)  # the data summaries are printed once, not logged too
-    overrides = list(HydraConfig.get().overrides.task)
+    hydra_cfg = HydraConfig.get()
+    overrides = list(hydra_cfg.overrides.task)
     run_dir = Path(cfg.paths.run_dir)
+    _check_shared_run_dir(hydra_cfg)
+    zero = is_global_zero()
 
     def compose_recipe(recipe: str, shared: list[str]) -> DictConfig:
         return compose(config_name="train", overrides=[f"recipe={recipe}", *shared])
 
-    todo = plan(cfg, overrides, compose_recipe, inside=None if cfg.cache else run_dir / "stages")
-    if cfg.get("logger") and "WandbLogger" in str(cfg.logger.get("_target_")) and cfg.logger.offline:
+    todo = plan(cfg, overrides, compose_recipe, inside=None if cfg.cache else run_dir / "stages", recover=zero)
+    if zero and cfg.get("logger") and "WandbLogger" in str(cfg.logger.get("_target_")) and cfg.logger.offline:
         print("W&B: no API key, logging offline; upload later with `wandb sync` on the run's wandb/ folder")
     world = Path(cfg.world.dir)
     if not (world / "world.json").is_file():
-        print(f"building the toy world in {world}")
-        sizes = WorldSizes(**OmegaConf.to_container(cfg.world.sizes, resolve=True))
-        atomic_save_folder(world, lambda tmp: build_world(tmp, seed=cfg.world.seed, sizes=sizes))
+        if zero:
+            print(f"building the toy world in {world}")
+            sizes = WorldSizes(**OmegaConf.to_container(cfg.world.sizes, resolve=True))
+            atomic_save_folder(world, lambda tmp: build_world(tmp, seed=cfg.world.seed, sizes=sizes))
+        else:  # torchrun / srun start every rank at once; no process group exists yet to wait on
+            wait_for_file(world / "world.json")
     for recipe, dep, out_dir in todo:
-        print(f"building the `{recipe}` stage this recipe needs, in {out_dir}")
+        # every rank trains the stage, in one folder they all name alike (sharded checkpoints are written there)
+        building = _building_folder(out_dir, run_dir)
+        if zero:
+            print(f"building the `{recipe}` stage this recipe needs, in {out_dir}")
+            if building.exists():  # left by an interrupted launch with this run folder
+                shutil.rmtree(building)
         with open_dict(dep):
             dep.logger = None
-        atomic_save_folder(out_dir, lambda tmp, dep=dep, out_dir=out_dir: run_stage(_at(dep, tmp), tmp, out_dir))
+        try:
+            run_stage(_at(dep, building), building, out_dir)
+        except BaseException:
+            if zero:  # as a failed atomic_save_folder: the cache keeps no half-built stage
+                shutil.rmtree(building, ignore_errors=True)
+            raise
+        if zero:
+            swap_folder_in(building, out_dir)
+        barrier()  # the next stage reads this one's export
     summary = run_stage(cfg, run_dir)
+    if not zero:  # rank 0 exported, evaluated and wrote the summary
+        return json.loads((run_dir / "summary.json").read_text())
     print_summary(summary)
     return summary
+
+
+def _building_folder(target: Path, run_dir: Path) -> Path:
+    """Where a needed stage is built before it is swapped into ``target``: next to it (one file system, so the
+    swap is a rename), named alike by every rank of a launch (they share the run folder) and differently by
+    concurrent launches (another run folder)."""
+    key = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return target.with_name(f".{target.name}.{key}.building")
+
+
+def _check_shared_run_dir(hydra_cfg) -> None:
+    """Several processes started by torchrun or srun each resolve Hydra's default run folder (a timestamp) on
+    their own: they must be given one (Lightning's own launcher passes its run folder to the processes it
+    starts)."""
+    from hydra.types import RunMode
+
+    from lrlhf.utils.distributed import launched_processes
+
+    given = any(o.lstrip("+").split("=", 1)[0] == "hydra.run.dir" for o in hydra_cfg.overrides.hydra)
+    if launched_processes() > 1 and hydra_cfg.mode == RunMode.RUN and not given:
+        raise ValueError(f"{launched_processes()} processes were launched (torchrun / srun): pass "
+                         "hydra.run.dir=<a folder every rank shares>, or each rank names its own run folder")
 
 
 def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:

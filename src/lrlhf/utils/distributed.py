@@ -2,10 +2,15 @@
 
 Each helper is the identity in a single process (no process group, or a world of one), so code calling them
 runs unchanged without a strategy. Every rank must call a helper the same number of times in the same order:
-they are collectives.
+they are collectives. The rank helpers (:func:`is_global_zero`, :func:`barrier`, :func:`wait_for_file`) let the
+CLI write shared outputs from global rank 0 only, also before the first ``fit`` has created a process group.
 """
 
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -21,6 +26,56 @@ def rank() -> int:
     """This process's rank in the default group; 0 without an initialised process group."""
     dist = torch.distributed
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def is_global_zero() -> bool:
+    """Whether this process is global rank 0: from the process group once one exists, before it (e.g. before
+    the first ``trainer.fit`` of a launch) from the launcher's environment -- ``RANK`` (torchrun), ``NODE_RANK``
+    and ``LOCAL_RANK`` (Lightning's own launcher sets them for the processes it starts, and for its first process
+    at its first ``fit``), ``SLURM_PROCID`` (srun); none of them: a single process, rank 0."""
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank() == 0
+    env = os.environ
+    if "RANK" in env:
+        return int(env["RANK"]) == 0
+    if int(env.get("NODE_RANK", "0")) != 0:
+        return False
+    if "LOCAL_RANK" in env:  # before SLURM_PROCID: Lightning's children inherit the SLURM variables
+        return int(env["LOCAL_RANK"]) == 0
+    return int(env.get("SLURM_PROCID", "0")) == 0
+
+
+def launched_processes() -> int:
+    """How many processes an external launcher started (torchrun's or Lightning's ``WORLD_SIZE``, srun's
+    ``SLURM_NTASKS``); 1 without one. Lightning's launcher sets it only at the first ``fit``."""
+    env = os.environ
+    if "WORLD_SIZE" in env:
+        return int(env["WORLD_SIZE"])
+    if "SLURM_PROCID" in env:
+        return int(env.get("SLURM_NTASKS", "1"))
+    return 1
+
+
+def barrier() -> None:
+    """Wait for every rank of the default process group; nothing without one (one process, or before the first
+    ``fit`` has created it)."""
+    if world_size() > 1:
+        torch.distributed.barrier()
+
+
+def wait_for_file(path: str | Path, timeout: float = 1800.0, poll: float = 0.2) -> Path:
+    """Wait until ``path`` exists (written atomically by rank 0, before any process group exists to wait on).
+
+    Raises:
+        TimeoutError: ``path`` did not appear within ``timeout`` seconds (rank 0 failed or is much slower).
+    """
+    path, deadline = Path(path), time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout:.0f} s (global rank 0 writes it)")
+        time.sleep(poll)
+    return path
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -80,5 +135,6 @@ def any_across_ranks(flag: bool) -> bool:
     return bool(sum_across_ranks(torch.tensor([float(flag)], device=_scalar_device()))[0] > 0)
 
 
-__all__ = ["any_across_ranks", "global_all_reduce", "global_weighted_mean", "rank", "rank_seed", "seed_rank_stream",
-           "sum_across_ranks", "world_size"]
+__all__ = ["any_across_ranks", "barrier", "global_all_reduce", "global_weighted_mean", "is_global_zero",
+           "launched_processes", "rank", "rank_seed", "seed_rank_stream", "sum_across_ranks", "wait_for_file",
+           "world_size"]

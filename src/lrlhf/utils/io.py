@@ -72,14 +72,23 @@ def atomic_save_folder(target: str | Path, save: Callable[[Path], None]) -> Path
     try:
         save(tmp)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
-        if target.exists():
-            old = _old_folder(target)
-            os.replace(target, old)
-            os.replace(tmp, target)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, target)
+        swap_folder_in(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    return target
+
+
+def swap_folder_in(complete: str | Path, target: str | Path) -> Path:
+    """Move the complete folder ``complete`` (on ``target``'s file system) to ``target``, replacing it: the swap
+    of :func:`atomic_save_folder`, for a folder filled elsewhere (e.g. by several processes, as the CLI builds a
+    stage under ``strategy=ddp|fsdp2``); a crash during it is repaired by :func:`recover_folder`."""
+    complete, target = Path(complete), recover_folder(target)
+    if target.exists():
+        old = _old_folder(target)
+        os.replace(target, old)
+        os.replace(complete, target)
+        shutil.rmtree(old)
+    else:
+        os.replace(complete, target)
     return target
