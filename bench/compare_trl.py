@@ -53,6 +53,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_DISABLED", "true")
 
 import torch
+from rm_vs_trl import Baton  # strict alternation of the two sides' threads (bench/ is the script's folder)
 
 PAD, EOS, USER, ASSISTANT = 0, 1, 2, 3
 CHAT_TEMPLATE = (
@@ -63,30 +64,6 @@ REFERENCE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, nu
                  intermediate_size=1024, vocab_size=8000, tie_word_embeddings=False)
 SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
-
-
-class Baton:
-    """Strict alternation of two threads (as in ``bench/rm_vs_trl.py``)."""
-
-    def __init__(self, names, timeout: float = 900.0):
-        self.events = {name: threading.Event() for name in names}
-        self.timeout = timeout
-        self.failed: BaseException | None = None
-
-    def wait(self, name: str) -> None:
-        if not self.events[name].wait(self.timeout):
-            raise TimeoutError(f"{name} waited over {self.timeout} s for its turn")
-        self.events[name].clear()
-        if self.failed is not None:
-            raise RuntimeError("the other side failed") from self.failed
-
-    def hand_over(self, to: str) -> None:
-        self.events[to].set()
-
-    def fail(self, error: BaseException) -> None:
-        self.failed = error
-        for event in self.events.values():
-            event.set()
 
 
 # ------------------------------------------------------------------------------------------------ setup
@@ -199,7 +176,7 @@ def time_run(args) -> None:
     from transformers import TrainerCallback
 
     total = args.warmup + args.iters
-    baton = Baton(["ours", "trl"])
+    baton = Baton(["ours", "trl"], timeout=900.0)
     times: dict[str, list[float]] = {"ours": [], "trl": []}
     phases: dict[str, list[float]] = {"generate": [], "score": [], "update": []}
 
