@@ -273,3 +273,20 @@ def test_a_sharded_checkpoint_loads_into_one_process_for_export(ppo_runs, toy_wo
     assert torch.equal(adapter[short], loaded[name])
     with pytest.raises(FileNotFoundError, match="not a sharded checkpoint folder"):
         load_sharded_checkpoint(module, tmp_path)
+
+
+def test_sampling_on_a_sharded_model_keeps_the_ranks_in_step(tmp_path):
+    """Rank 0's rows stop after one token, rank 1's run on: both samplers keep stepping every rank (pads for
+    stopped rows) until all have stopped, instead of leaving rank 1 waiting in a collective forward."""
+    _torchrun("sampler_ranks.py", tmp_path, timeout=120)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+    assert [r["collective_before"] for r in ranks] == [False, False]  # an unsharded model: no lockstep
+    assert [r["collective"] for r in ranks] == [True, True]
+    stopped, running = ranks
+    assert stopped["sampled"].shape == running["sampled"].shape == (2, 8)  # the same 8 steps on both ranks
+    assert (stopped["sampled"][:, 1:] == 0).all()  # after its EOS, rank 0 only pads
+    assert (running["sampled"][:, 1:] != 0).any()
+    assert torch.isfinite(stopped["logprobs"]).all() and torch.isfinite(running["logprobs"]).all()
+    # transformers' generate (synced_gpus from the marker) stepped in lockstep too -- a rank leaving early would
+    # hang the other in its next forward -- and returns each rank's own length (prompt 4 + 1 and 4 + 8)
+    assert stopped["generated"].shape == (2, 5) and running["generated"].shape == (2, 12)

@@ -526,6 +526,8 @@ def run(cfg: DictConfig) -> dict:
         barrier()  # the next stage reads this one's export
     summary = run_stage(cfg, run_dir)
     if not zero:  # rank 0 exported, evaluated and wrote the summary
+        if cfg.stage == "eval":  # rank 0 alone evaluates, with no collective to wait on: nothing to read yet
+            return summary
         return json.loads((run_dir / "summary.json").read_text())
     print_summary(summary)
     return summary

@@ -193,6 +193,11 @@ def fully_shard_model(root: nn.Module, mesh, layer_names: Sequence[str] | None =
     for module in root.modules():
         if plain(module, recurse=False):
             shard(module, True)
+    # 4. every model with a generate is now sharded: its forward is a collective, so transformers' generate must
+    # step every rank until all have stopped (synced_gpus), and so must lrlhf's sampler (forward_is_collective)
+    for module in root.modules():
+        if hasattr(module, "generate") and hasattr(module, "config"):
+            module._is_fsdp_managed_module = True
     return sharded
 
 

@@ -145,6 +145,21 @@ def test_rollout_takes_old_logprobs_and_shared_values_from_sampling(world, token
     torch.testing.assert_close(rollout.logprobs[valid], logprobs[valid], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("shared", [False, True])
+def test_recompute_old_logprobs_takes_them_from_a_full_forward(world, tokenizer, shared):
+    module = _module(world, tokenizer, cls=CountPasses, value_from_policy=shared, forward_batch_size=BATCH,
+                     recompute_old_logprobs=True)
+    module.calls = {}
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    assert module.calls == {"policy": 1, "value": 1}  # one chunk: the scoring forwards run again
+    with torch.no_grad():
+        logprobs, _ = module.policy_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
+        values = module.value_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
+    valid = rollout.action_mask
+    assert torch.equal(rollout.logprobs[valid], logprobs[valid])  # the update's own computation, bit for bit
+    assert torch.equal(rollout.values[valid], values.float()[valid])
+
+
 def test_shared_trunk_refuses_a_separate_value_model(world, tokenizer):
     with pytest.raises(ValueError, match="ppo.value_from_policy=True puts the value head on the policy's trunk"):
         PPOModule(load_causal_lm(ModelConfig(str(world.model))), ScalarModel(load_causal_lm(ModelConfig(str(

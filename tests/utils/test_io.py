@@ -1,6 +1,6 @@
 import pytest
 
-from lrlhf.utils.io import atomic_save_folder, atomic_write_text, recover_folder
+from lrlhf.utils.io import atomic_save_folder, atomic_write_text, recover_folder, swap_folder_in
 
 
 def test_atomic_write_text_replaces_and_keeps_no_temp(tmp_path):
@@ -66,3 +66,19 @@ def test_atomic_save_folder_repairs_an_interrupted_swap_first(tmp_path):
         atomic_save_folder(target, broken)
     assert (target / "weights").read_text() == "v1"  # the repaired old version survives the failed save
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+def test_swap_folder_in_replaces_a_folder_or_a_file(tmp_path):
+    for kind in ("folder", "file"):
+        target = tmp_path / kind
+        if kind == "folder":
+            target.mkdir()
+            (target / "weights").write_text("old")
+        else:
+            target.write_text("old")
+        new = tmp_path / f".{kind}.new"
+        new.mkdir()
+        (new / "weights").write_text("new")
+        assert swap_folder_in(new, target) == target
+        assert (target / "weights").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]

@@ -47,6 +47,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lrlhf.utils.io import recover_folder, swap_folder_in
 from lrlhf.utils.state import (
     flatten,
     frozen_identity,
@@ -115,9 +116,12 @@ def atomic_save_checkpoint(trainer: pl.Trainer, path: str | Path) -> Path:
     trainer.save_checkpoint(tmp, weights_only=False)  # the full training state, not only the weights
     if trainer.is_global_zero:
         _fsync(tmp)
-        if path.is_dir() and not path.is_symlink():  # a folder (sharded) is not replaced by rename
-            shutil.rmtree(path)
-        os.replace(tmp, path)
+        if tmp.is_dir():  # sharded: the old folder is moved aside, not deleted before the new one is in place
+            swap_folder_in(tmp, path)
+        else:
+            if path.is_dir() and not path.is_symlink():  # a folder (the strategy changed) is not replaced by rename
+                shutil.rmtree(path)
+            os.replace(tmp, path)
         _fsync(path.parent)
     trainer.strategy.barrier("atomic_save_checkpoint")
     return path
@@ -212,6 +216,8 @@ class ResumableCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero and self.dirpath and Path(self.dirpath).is_dir():
             for stale in Path(self.dirpath).glob(".*.partial"):  # a write killed midway (never read)
                 _remove(stale)
+            for moved in Path(self.dirpath).glob(".*.old"):  # a sharded folder's swap killed midway
+                recover_folder(moved.with_name(moved.name[1:-len(".old")]))
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         io = trainer.strategy.checkpoint_io

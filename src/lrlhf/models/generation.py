@@ -17,6 +17,7 @@ import torch
 from lrlhf.data.collate import collate_prompts
 from lrlhf.data.records import PromptExample, SFTExample
 from lrlhf.data.tokenize import encode_prompt, split_last_turn
+from lrlhf.utils.distributed import any_across_ranks
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,7 @@ def sample_with_logprobs(
     eos_token_ids: Sequence[int],
     pad_token_id: int,
     value_head=None,
+    synced: bool = False,
 ) -> tuple[torch.Tensor, ...]:
     """Plain temperature sampling with a KV cache: ``(response_ids, logprobs)``, ``(B, R)`` each.
 
@@ -171,6 +173,10 @@ def sample_with_logprobs(
     With a ``value_head`` (a critic on the policy's own trunk), a third ``(B, R)`` tensor holds the value of
     the state in which each token was chosen: the head on the trunk's last hidden state at the column whose
     logits drew that token (the same column a teacher-forced forward reads), so no separate value pass runs.
+
+    ``synced``: keep stepping (stopped rows get pads) until the rows of *every* rank have stopped, as
+    ``generate(synced_gpus=True)`` does. Needed when the model's forward is a collective (FSDP gathers each
+    unit's parameters from all ranks): a rank leaving the loop early would leave the others waiting in a forward.
     """
     from transformers import DynamicCache
 
@@ -188,11 +194,11 @@ def sample_with_logprobs(
     capture = capture_trunk_output(model) if value_head is not None else contextlib.nullcontext({})
     with capture as trunk:
         return _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_head, max_new_tokens,
-                            temperature, pad_token_id)
+                            temperature, pad_token_id, synced)
 
 
 def _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_head, max_new_tokens, temperature,
-                 pad_token_id):
+                 pad_token_id, synced):
     batch, device = input_ids.shape[0], input_ids.device
     out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
                 use_cache=True, logits_to_keep=1)
@@ -211,7 +217,10 @@ def _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_hea
         tokens.append(token)
         logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(1))
         unfinished = unfinished & ~torch.isin(token, eos)
-        if step == max_new_tokens - 1 or not bool(unfinished.any()):
+        going = bool(unfinished.any())
+        if synced:
+            going = any_across_ranks(going)  # every rank takes the same number of (collective) forwards
+        if step == max_new_tokens - 1 or not going:
             break
         mask = torch.cat([mask, ones], dim=1)
         out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position,

@@ -26,7 +26,10 @@ gradient clipping, one optimiser step each; 8. log, :meth:`update_kl_controller`
 Alignment: for ``prompt (P columns, left-padded) + response (R)``, the logits and the value of action ``t`` are
 read at column ``P + t - 1`` (the state after the prompt and ``response[:t]``). Position ids are
 ``cumsum(attention_mask) - 1`` over the whole sequence, the positions ``generate`` used for left-padded rows,
-so the scoring forward reproduces the sampling distribution (ratio 1 at the first update).
+so the scoring forward reproduces the sampling distribution. The old logprobs are the sampler's own (its cached
+one-token forwards): in fp32 they equal the full forward of the update to ~1e-6 (first-update ratio 1 within
+1e-5, tested); in half precision the two kernels differ more, and ``ppo.recompute_old_logprobs`` takes the old
+logprobs from a full no-grad forward instead.
 
 Trainer steps: Lightning's ``global_step`` counts optimiser steps (``ppo_epochs x minibatches`` per rollout
 here); bound the number of rollouts with ``limit_train_batches`` / ``max_epochs`` (one batch = one rollout), or
@@ -84,7 +87,13 @@ from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
 from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.samples import log_table, sample_table
 from lrlhf.strategies import full_params_for_generation
-from lrlhf.utils.distributed import any_across_ranks, global_all_reduce, global_weighted_mean, seed_rank_stream
+from lrlhf.utils.distributed import (
+    any_across_ranks,
+    forward_is_collective,
+    global_all_reduce,
+    global_weighted_mean,
+    seed_rank_stream,
+)
 
 ADVANTAGE_ESTIMATORS = ("gae", "rloo", "grpo")
 WHITEN_SCOPES = ("global", "local")
@@ -172,6 +181,11 @@ class PPOConfig:
     minibatch yields both log-probs and values, and the value loss also trains the policy adapter (a shared
     trunk, as TRL's old ``AutoModelForCausalLMWithValueHead``). False = the ``value`` adapter: the critic
     cannot move the policy, at the cost of a second trunk pass (forward and backward) per minibatch."""
+    recompute_old_logprobs: bool = False
+    """Take the old logprobs (and, with ``value_from_policy``, the old values) from full no-grad forwards of the
+    sampled sequences, as the update computes them, instead of the sampler's cached one-token forwards. Equal
+    to ~1e-6 in fp32, so off by default (one policy forward saved); turn it on in half precision, where the two
+    kernels round differently and the first update would start slightly off-policy."""
     # logging
     sample_every_n_rollouts: int = 0
     """Log the fixed-prompt sample table every N rollouts; 0 = never."""
@@ -471,11 +485,14 @@ class PPOModule(pl.LightningModule):
         token's log-prob under the distribution it was drawn from: the rollout's old logprobs, so no separate
         policy forward runs for them; with ``ppo.value_from_policy`` the value head reads the sampling steps'
         own hidden states (the old values), otherwise ``old_values`` is None (a value forward follows). When a
-        subclass overrides :meth:`generate`, its ids are used and both are None (no-grad forwards follow).
+        subclass overrides :meth:`generate`, or with ``ppo.recompute_old_logprobs``, both are None (no-grad
+        forwards follow).
         """
         if type(self).generate is not PPOModule.generate:
             return self.generate(query_ids, query_mask), None, None
         out = self._sample(query_ids, query_mask)
+        if self.config.recompute_old_logprobs:
+            return out[0], None, None
         return out[0], out[1], out[2] if len(out) == 3 else None
 
     def _sample(self, query_ids: Tensor, query_mask: Tensor) -> tuple[Tensor, ...]:
@@ -487,6 +504,7 @@ class PPOModule(pl.LightningModule):
                 self.model, query_ids, query_mask, max_new_tokens=self.config.max_new_tokens,
                 temperature=self.config.temperature, eos_token_ids=self.eos_token_ids,
                 pad_token_id=self.pad_token_id, value_head=self.value_head if shared_value else None,
+                synced=forward_is_collective(self.model),
             )
 
     @torch.no_grad()
@@ -596,7 +614,7 @@ class PPOModule(pl.LightningModule):
 
     # ------------------------------------------------------------------------------------- training
     def on_train_start(self) -> None:
-        self.model.eval()  # dropout off in rollouts and updates: the first ratio is exactly 1
+        self.model.eval()  # dropout off in rollouts and updates: the first ratio is 1 (up to kernel rounding)
         seed_rank_stream()  # several ranks: each samples its own stream (a no-op in one process)
 
     def training_step(self, batch: dict, batch_idx: int) -> None:

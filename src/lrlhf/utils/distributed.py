@@ -130,11 +130,23 @@ def global_weighted_mean(value: float, weight: float) -> tuple[float, float]:
     return (total / count if count > 0 else 0.0), count
 
 
+def forward_is_collective(model: torch.nn.Module) -> bool:
+    """True when a forward of ``model`` needs every rank (FSDP2 units marked ``_is_fsdp_managed_module`` by
+    :func:`lrlhf.strategies.fully_shard_model`, as transformers marks its own; FSDP1 wrappers) and more than one
+    process runs: loops of forwards (sampling) must then run the same number of steps on every rank."""
+    if world_size() == 1:
+        return False
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return any(getattr(m, "_is_fsdp_managed_module", False) or isinstance(m, FullyShardedDataParallel)
+               for m in model.modules())
+
+
 def any_across_ranks(flag: bool) -> bool:
     """True when ``flag`` holds on at least one rank (every rank gets the same answer)."""
     return bool(sum_across_ranks(torch.tensor([float(flag)], device=_scalar_device()))[0] > 0)
 
 
-__all__ = ["any_across_ranks", "barrier", "global_all_reduce", "global_weighted_mean", "is_global_zero",
-           "launched_processes", "rank", "rank_seed", "seed_rank_stream", "sum_across_ranks", "wait_for_file",
-           "world_size"]
+__all__ = ["any_across_ranks", "barrier", "forward_is_collective", "global_all_reduce", "global_weighted_mean",
+           "is_global_zero", "launched_processes", "rank", "rank_seed", "seed_rank_stream", "sum_across_ranks",
+           "wait_for_file", "world_size"]

@@ -54,7 +54,7 @@ def recover_folder(target: str | Path) -> Path:
     old = _old_folder(target)
     if old.exists():
         if target.exists():
-            shutil.rmtree(old)
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
         else:
             os.replace(old, target)
     return target
@@ -88,7 +88,7 @@ def swap_folder_in(complete: str | Path, target: str | Path) -> Path:
         old = _old_folder(target)
         os.replace(target, old)
         os.replace(complete, target)
-        shutil.rmtree(old)
+        shutil.rmtree(old) if old.is_dir() else old.unlink()
     else:
         os.replace(complete, target)
     return target
