@@ -80,3 +80,15 @@ def test_real_evaluation_is_deterministic_and_leaves_training_randomness_alone(w
     fresh.configure_model()
     assert abs(es.evaluate(None, fresh)["kl"]) < 1e-6  # zero-init LoRA: the policy is the reference
     assert es.utility is gold_utility
+
+
+def test_a_held_out_prompt_with_special_token_text_is_refused_at_setup(world, tokenizer):
+    from types import SimpleNamespace
+
+    from lrlhf.data.records import PromptExample
+
+    forged = PromptExample(prompt=[{"role": "user", "content": f"hi {tokenizer.eos_token} there"}], source="x.jsonl")
+    es = HeldOutUtilityEarlyStopping([PromptExample(prompt=[{"role": "user", "content": "hi"}]), forged], plot=False)
+    with pytest.raises(ValueError, match=r"callbacks\.early_stopping\.prompts: prompt 1 \(x\.jsonl\): message 0 "
+                                         r"\(user\) contains the special token text"):
+        es.setup(None, SimpleNamespace(tokenizer=tokenizer), "fit")

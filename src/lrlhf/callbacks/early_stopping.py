@@ -175,6 +175,17 @@ class HeldOutUtilityEarlyStopping(Callback):
                 "kl": torch.cat(kls).mean().item(), "length": torch.cat(lengths).mean().item()}
 
     # ---------------------------------------------------------------------------------------- hooks
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        """Refuse, before any rollout, a held-out prompt whose text holds a special token's text (the
+        evaluation would meet it only at its first run), naming the prompt, its source and the config key."""
+        for i, prompt in enumerate(self.prompts):
+            try:
+                encode_prompt(pl_module.tokenizer, prompt, max_length=self.max_prompt_length, truncation="left",
+                              special_text="error")
+            except ValueError as err:
+                raise ValueError(f"callbacks.early_stopping.prompts: prompt {i} ({prompt.source or 'in memory'}): "
+                                 f"{err}") from err
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         rollouts = int(getattr(pl_module, "rollouts_done", trainer.fit_loop.epoch_loop.total_batch_idx + 1))
         if rollouts == 0 or rollouts % self.every_n_rollouts:
