@@ -42,7 +42,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import warnings
 from pathlib import Path
@@ -211,23 +210,7 @@ def time_run(args) -> None:
         ours = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
                        enable_model_summary=False, max_epochs=-1, num_sanity_val_steps=0, limit_val_batches=0,
                        max_steps=total * module.updates_per_rollout(args.batch), callbacks=[OurTimer()])
-
-        def run_trl():
-            try:
-                theirs.train()
-            except BaseException as error:
-                baton.fail(error)
-
-        worker = threading.Thread(target=run_trl, name="trl")
-        worker.start()
-        try:
-            ours.fit(module, datamodule=data)
-        except BaseException as error:
-            baton.fail(error)
-            raise
-        worker.join()
-        if baton.failed is not None:
-            raise RuntimeError("TRL's loop failed") from baton.failed
+        baton.side_by_side(lambda: ours.fit(module, datamodule=data), theirs.train)
         length = float(ours.callback_metrics["rollout/length_mean"])
         n_ours = sum(p.numel() for p in module.parameters() if p.requires_grad)
         n_trl = sum(p.numel() for p in theirs.model.parameters() if p.requires_grad)

@@ -81,6 +81,26 @@ class Baton:
         for event in self.events.values():
             event.set()
 
+    def side_by_side(self, ours, theirs) -> None:
+        """``theirs()`` (TRL's loop) in a worker thread, ``ours()`` here; a failure on either side stops both."""
+
+        def run_theirs():
+            try:
+                theirs()
+            except BaseException as error:  # handed to the main thread
+                self.fail(error)
+
+        worker = threading.Thread(target=run_theirs, name="trl")
+        worker.start()
+        try:
+            ours()
+        except BaseException as error:
+            self.fail(error)
+            raise
+        worker.join()
+        if self.failed is not None:
+            raise RuntimeError("TRL's loop failed") from self.failed
+
 
 def build_model(out: Path, seed: int) -> None:
     """The reference Llama of issue #10 at a random init, and a word-level tokenizer over its 8000 ids."""
@@ -320,23 +340,7 @@ def main() -> None:
         ours = Trainer(max_steps=total, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                        limit_val_batches=0, gradient_clip_val=1.0, callbacks=[OurTimer()])
-
-        def run_trl():
-            try:
-                theirs.train()
-            except BaseException as error:  # handed to the main thread
-                baton.fail(error)
-
-        worker = threading.Thread(target=run_trl, name="trl")
-        worker.start()
-        try:
-            ours.fit(module, train_dataloaders=loader)
-        except BaseException as error:
-            baton.fail(error)
-            raise
-        worker.join()
-        if baton.failed is not None:
-            raise RuntimeError("TRL's loop failed") from baton.failed
+        baton.side_by_side(lambda: ours.fit(module, train_dataloaders=loader), theirs.train)
 
         trl_model = theirs.model
         if args.profile:
