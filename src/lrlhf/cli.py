@@ -342,10 +342,8 @@ def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
     if module is not trained or getattr(data.trainer, "world_size", 1) > 1:  # rank 0 alone, the whole test set
         data.trainer = None
         data.setup("test")
-        # the per-source metrics are created up front (a metric made during validation would sync)
-        pairs = [p for row in data.datasets["test"] for p in (row if isinstance(row, list) else [row])]
-        module.register_sources([*trained.val_source_accuracy,
-                                 *(module.pair_source(p.source, p.meta or {}) for p in pairs if hasattr(p, "meta"))])
+        module.register_sources(trained.val_source_accuracy)  # the metrics training had, and the test set's
+        module.register_split_sources(data, "test")
         _no_metric_sync(module)
     evaluator = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                            default_root_dir=str(out_dir))

@@ -253,10 +253,15 @@ class RewardModule(pl.LightningModule):
         if datamodule is None or stage not in ("fit", "validate"):
             return
         datamodule.setup(stage)
-        items = getattr(datamodule, "datasets", {}).get("val", [])
-        pairs = [p for row in items for p in row] if getattr(datamodule, "packing", False) else items
-        if pairs and hasattr(pairs[0], "meta") and hasattr(pairs[0], "chosen"):
-            self.register_sources(self.pair_source(p.source, p.meta or {}) for p in pairs)
+        self.register_split_sources(datamodule, "val")
+
+    def register_split_sources(self, datamodule, split: str) -> None:
+        """Create the per-source accuracy metrics of every pair in ``datamodule.datasets[split]`` (packed rows
+        included) up front: a metric first created during validation would have to sync across ranks."""
+        items = getattr(datamodule, "datasets", {}).get(split, [])
+        pairs = [p for row in items for p in (row if isinstance(row, list) else [row])]
+        self.register_sources(self.pair_source(p.source, p.meta or {}) for p in pairs
+                              if hasattr(p, "meta") and hasattr(p, "chosen"))
 
     # --------------------------------------------------------------------------------------------- hooks
     def score(self, batch: dict) -> Tensor:
