@@ -523,12 +523,25 @@ def run(cfg: DictConfig) -> dict:
             swap_folder_in(building, out_dir)
         barrier()  # the next stage reads this one's export
     summary = run_stage(cfg, run_dir)
-    if not zero:  # rank 0 exported, evaluated and wrote the summary
-        if cfg.stage == "eval":  # rank 0 alone evaluates, with no collective to wait on: nothing to read yet
-            return summary
-        return json.loads((run_dir / "summary.json").read_text())
-    print_summary(summary)
+    if zero:
+        print_summary(summary)
+    elif cfg.stage != "eval":  # rank 0 exported, evaluated and wrote the summary (eval: rank 0 alone, not yet)
+        summary = json.loads((run_dir / "summary.json").read_text())
+    _close_process_group()
     return summary
+
+
+def _close_process_group() -> None:
+    """Every rank leaves together and closes the default process group (when a ``fit`` created one): a rank that
+    exited with the group still open aborted at interpreter exit ("terminate called without an active
+    exception", seen once under torchrun)."""
+    import torch
+
+    from lrlhf.utils.distributed import barrier
+
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        barrier()
+        torch.distributed.destroy_process_group()
 
 
 def _building_folder(target: Path, run_dir: Path) -> Path:
