@@ -18,6 +18,7 @@ from lrlhf.data.collate import collate_prompts
 from lrlhf.data.records import PromptExample, SFTExample
 from lrlhf.data.tokenize import encode_prompt, split_last_turn
 from lrlhf.utils.distributed import any_across_ranks
+from lrlhf.utils.errors import InvariantError
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,12 @@ def sample_with_logprobs(
     the state in which each token was chosen: the head on the trunk's last hidden state at the column whose
     logits drew that token (the same column a teacher-forced forward reads), so no separate value pass runs.
 
+    The cache is checked, not trusted: after the prefill it must hold the prompt's ``P`` columns and after
+    the first decode step one more (each decode step feeds one new token; a sliding-window cache may hold
+    fewer, but never none); a model that ignored it (a KV-cache
+    keyword it does not take, see :mod:`lrlhf.utils.compat`) would otherwise decode every token from one token
+    of context, and a :class:`CacheNotUsedError` stops the run instead.
+
     ``synced``: keep stepping (stopped rows get pads) until the rows of *every* rank have stopped, as
     ``generate(synced_gpus=True)`` does. Needed when the model's forward is a collective (FSDP gathers each
     unit's parameters from all ranks): a rank leaving the loop early would leave the others waiting in a forward.
@@ -181,6 +188,7 @@ def sample_with_logprobs(
     from transformers import DynamicCache
 
     from lrlhf.models.heads import capture_trunk_output
+    from lrlhf.utils.compat import cache_keyword
 
     if temperature <= 0:
         raise ValueError(f"sample_with_logprobs: temperature must be > 0, got {temperature}")
@@ -193,15 +201,37 @@ def sample_with_logprobs(
     cache = DynamicCache(config=getattr(model, "config", None))
     capture = capture_trunk_output(model) if value_head is not None else contextlib.nullcontext({})
     with capture as trunk:
-        return _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_head, max_new_tokens,
-                            temperature, pad_token_id, synced)
+        return _sample_loop(model, input_ids, mask, positions, {cache_keyword(model): cache}, eos, trunk,
+                            value_head, max_new_tokens, temperature, pad_token_id, synced)
 
 
-def _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_head, max_new_tokens, temperature,
-                 pad_token_id, synced):
+class CacheNotUsedError(InvariantError):
+    """The model did not fill the KV cache it was given: decoding would see no context."""
+
+
+def _check_cache(model, cache_kwargs: dict, expected: int, when: str, windowed: bool = False) -> int:
+    """The cache's length, or :class:`CacheNotUsedError` when it is not ``expected`` (``windowed``: a sliding
+    window may cap it, then any length from 1 to ``expected`` is accepted)."""
+    (keyword, cache), = cache_kwargs.items()
+    length = cache.get_seq_length()
+    if length == expected or (windowed and 0 < length < expected):
+        return length
+    import transformers
+
+    raise CacheNotUsedError(
+        f"sample_with_logprobs: the KV cache holds {length} columns {when}, expected {expected}: the model "
+        f"({type(model).__name__}) did not use the cache passed as {keyword}= (transformers "
+        f"{transformers.__version__}); decoding would see one token and no context. The keyword comes from "
+        "lrlhf.utils.compat.cache_keyword: report the model class and transformers version"
+    )
+
+
+def _sample_loop(model, input_ids, mask, positions, cache_kwargs, eos, trunk, value_head, max_new_tokens,
+                 temperature, pad_token_id, synced):
     batch, device = input_ids.shape[0], input_ids.device
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, cache=cache,
-                use_cache=True, logits_to_keep=1)
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                logits_to_keep=1, **cache_kwargs)
+    cached = _check_cache(model, cache_kwargs, input_ids.shape[1], "after the prefill", windowed=True)
     next_position = positions[:, -1:] + 1
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
     ones = torch.ones(batch, 1, dtype=mask.dtype, device=device)
@@ -223,8 +253,11 @@ def _sample_loop(model, input_ids, mask, positions, cache, eos, trunk, value_hea
         if step == max_new_tokens - 1 or not going:
             break
         mask = torch.cat([mask, ones], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position,
-                    cache=cache, use_cache=True)
+        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position, use_cache=True,
+                    **cache_kwargs)
+        if step == 0:
+            windowed = cached < input_ids.shape[1]  # a sliding-window cache already at its size
+            _check_cache(model, cache_kwargs, cached + 1, "after the first decode step", windowed=windowed)
         next_position = next_position + 1
     out = torch.stack(tokens, dim=1), torch.stack(logprobs, dim=1)
     return out if value_head is None else (*out, torch.stack(values, dim=1))

@@ -1,0 +1,59 @@
+"""Upstream API differences inside the dependency range pyproject.toml declares, each handled here, once.
+
+The range declared is the range tested: CI runs the suite on the newest releases and again on every declared
+floor (``.ci/run``, the lowest-versions leg). When an upstream API changes inside the range, the code asks
+this module for the spelling instead of naming one version's:
+
+- **The KV-cache keyword** of a causal LM's ``forward``: ``past_key_values`` up to transformers 5.23, ``cache``
+  from 5.24 (``past_key_values`` then still works, deprecated until 5.40). A keyword the model does not take
+  lands in its ``**kwargs`` and is silently ignored: every decode step then sees one token and no context, the
+  defect that made PPO worsen the policy under transformers 5.17. :func:`cache_keyword` reads the name from the
+  model's own ``forward`` signature (so remote-code models that kept the old name work too), falling back to
+  the installed version for a ``forward`` that only takes ``**kwargs``.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+CACHE_KEYWORDS = ("cache", "past_key_values")  # the new spelling first
+
+
+def unwrap_model(model):
+    """The transformers model inside peft (``get_base_model``), DDP / FSDP1 (``module``) wrappers."""
+    seen = set()
+    while id(model) not in seen:
+        seen.add(id(model))
+        if hasattr(model, "get_base_model"):
+            model = model.get_base_model()
+        elif hasattr(model, "_fsdp_wrapped_module"):
+            model = model._fsdp_wrapped_module
+        elif type(model).__name__ in ("DistributedDataParallel", "FullyShardedDataParallel"):
+            model = model.module
+    return model
+
+
+@functools.cache
+def _cache_keyword_of(cls: type) -> str:
+    params = inspect.signature(cls.forward).parameters
+    for name in CACHE_KEYWORDS:
+        if name in params:
+            return name
+    return "cache" if transformers_version() >= (5, 24) else "past_key_values"
+
+
+def cache_keyword(model) -> str:
+    """The keyword by which ``model``'s forward takes a KV cache (``cache`` or ``past_key_values``)."""
+    return _cache_keyword_of(type(unwrap_model(model)))
+
+
+def transformers_version() -> tuple[int, int]:
+    """``(major, minor)`` of the installed transformers."""
+    import transformers
+
+    major, minor = transformers.__version__.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+__all__ = ["CACHE_KEYWORDS", "cache_keyword", "transformers_version", "unwrap_model"]
