@@ -46,6 +46,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from lrlhf.data.records import PromptExample, SFTExample
@@ -83,6 +84,7 @@ from lrlhf.models import (
 from lrlhf.models import reference_mode as _reference_mode
 from lrlhf.models.generation import SamplingConfig, as_prompt, eos_token_ids, sample_with_logprobs
 from lrlhf.models.heads import capture_trunk_output, decoder
+from lrlhf.modules.guards import InvariantError, Precision, check_ratio, run_precision, sampler_self_check
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
 from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.samples import log_table, sample_table
@@ -181,11 +183,19 @@ class PPOConfig:
     minibatch yields both log-probs and values, and the value loss also trains the policy adapter (a shared
     trunk, as TRL's old ``AutoModelForCausalLMWithValueHead``). False = the ``value`` adapter: the critic
     cannot move the policy, at the cost of a second trunk pass (forward and backward) per minibatch."""
-    recompute_old_logprobs: bool = False
+    recompute_old_logprobs: bool | None = None
     """Take the old logprobs (and, with ``value_from_policy``, the old values) from full no-grad forwards of the
-    sampled sequences, as the update computes them, instead of the sampler's cached one-token forwards. Equal
-    to ~1e-6 in fp32, so off by default (one policy forward saved); turn it on in half precision, where the two
-    kernels round differently and the first update would start slightly off-policy."""
+    sampled sequences, as the update computes them, instead of the sampler's cached one-token forwards. None =
+    by precision: on under reduced precision (half weights or autocast, TF32, k-bit), where the two kernels
+    round differently (max |ratio - 1| 5.7e-3 under CPU bf16 autocast) and the first update would start
+    off-policy; off in full precision, where they agree to ~1e-6 (one policy forward saved)."""
+    # run-time guards (lrlhf.modules.guards)
+    check_invariants: bool = True
+    """Stop the run when the first-update ratio is not 1 (every rollout) or the sampler's log-probs disagree with
+    a teacher-forced forward (once per fit, before the first rollout), naming the measured value and the cause."""
+    first_ratio_tolerance: float | None = None
+    """Bound on the mean |ratio - 1| of the first minibatch of each rollout; None = by precision
+    (:data:`lrlhf.modules.guards.RATIO_TOLERANCE`: 1e-3 full, 5e-2 reduced)."""
     # logging
     sample_every_n_rollouts: int = 0
     """Log the fixed-prompt sample table every N rollouts; 0 = never."""
@@ -228,6 +238,8 @@ class PPOConfig:
             ("scheduler", self.scheduler in SCHEDULERS, f"must be one of {sorted(SCHEDULERS)}"),
             ("total_steps", self.total_steps is None or self.total_steps > 0, "must be > 0 or None"),
             ("sample_every_n_rollouts", self.sample_every_n_rollouts >= 0, "must be >= 0 (0 = never)"),
+            ("first_ratio_tolerance", self.first_ratio_tolerance is None or self.first_ratio_tolerance > 0,
+             "must be > 0 or None (by precision)"),
         ]
         for key, ok, rule in checks:
             if not ok:
@@ -347,6 +359,8 @@ class PPOModule(pl.LightningModule):
         self.sample_prompts = [as_prompt(p) for p in (sample_prompts or [])]
         self.rollouts_done = 0
         self._adapter_names: set[str] = set()
+        self._precision: Precision | None = None
+        self._self_check_pending = True
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling)}
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
@@ -491,21 +505,64 @@ class PPOModule(pl.LightningModule):
         if type(self).generate is not PPOModule.generate:
             return self.generate(query_ids, query_mask), None, None
         out = self._sample(query_ids, query_mask)
-        if self.config.recompute_old_logprobs:
+        if self.recompute_old_logprobs:
             return out[0], None, None
         return out[0], out[1], out[2] if len(out) == 3 else None
 
-    def _sample(self, query_ids: Tensor, query_mask: Tensor) -> tuple[Tensor, ...]:
+    def _sample(self, query_ids: Tensor, query_mask: Tensor, max_new_tokens: int | None = None) -> tuple[Tensor, ...]:
         shared_value = self.uses_critic and self.config.value_from_policy
         self._use_adapter(POLICY)
         fsdp_root = self._trainer.strategy.model if self._trainer is not None else None
         with full_params_for_generation(fsdp_root):  # FSDP1 outside the root's forward: unshard the root unit
             return sample_with_logprobs(
-                self.model, query_ids, query_mask, max_new_tokens=self.config.max_new_tokens,
+                self.model, query_ids, query_mask, max_new_tokens=max_new_tokens or self.config.max_new_tokens,
                 temperature=self.config.temperature, eos_token_ids=self.eos_token_ids,
                 pad_token_id=self.pad_token_id, value_head=self.value_head if shared_value else None,
                 synced=forward_is_collective(self.model),
             )
+
+    def sample_for_check(self, query_ids: Tensor, query_mask: Tensor, max_new_tokens: int):
+        """``(response_ids, logprobs)`` of the rollout's own sampler for :func:`sampler_self_check`, or None when a
+        subclass's :meth:`generate` samples (its old logprobs then come from a scoring forward)."""
+        if type(self).generate is not PPOModule.generate:
+            return None
+        return self._sample(query_ids, query_mask, max_new_tokens)[:2]
+
+    # ------------------------------------------------------------------------------------------ guards
+    @property
+    def precision(self) -> Precision:
+        """The precision the policy computes in (:func:`run_precision`), resolved once per fit."""
+        if self._precision is None:
+            self._precision = run_precision(self._trainer, self.model)
+            if self.config.recompute_old_logprobs is None and self._precision.reduced:
+                rank_zero_info(f"PPO: reduced precision ({self._precision.label}): the old log-probs are recomputed "
+                               "by a full forward (module.config.recompute_old_logprobs=null means on here)")
+        return self._precision
+
+    @property
+    def recompute_old_logprobs(self) -> bool:
+        """``ppo.recompute_old_logprobs``, or by precision when None (on under reduced precision)."""
+        setting = self.config.recompute_old_logprobs
+        return self.precision.reduced if setting is None else setting
+
+    def _guard(self, check, *args) -> dict | None:
+        """``check(*args)`` (raising :class:`InvariantError`) on every rank; when it fails on any, every rank stops
+        (a rank left running would wait for the others in a collective)."""
+        error, stats = None, None
+        try:
+            stats = check(*args)
+        except InvariantError as exc:
+            error = exc
+        if any_across_ranks(error is not None):
+            raise error or InvariantError("PPO invariant broken on another rank (see its error); every rank stops")
+        return stats
+
+    def _self_check(self, batch: dict) -> None:
+        """Once per fit, before the first rollout: :func:`sampler_self_check` on the batch's first prompts."""
+        self._self_check_pending = False
+        if self.config.check_invariants:
+            self._guard(sampler_self_check, self, batch["input_ids"], batch["attention_mask"], self.precision,
+                        self.config.first_ratio_tolerance)
 
     @torch.no_grad()
     def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks) -> Tensor:
@@ -616,12 +673,16 @@ class PPOModule(pl.LightningModule):
     def on_train_start(self) -> None:
         self.model.eval()  # dropout off in rollouts and updates: the first ratio is 1 (up to kernel rounding)
         seed_rank_stream()  # several ranks: each samples its own stream (a no-op in one process)
+        self._precision, self._self_check_pending = None, True
+        self.precision  # noqa: B018 -- resolved (and announced) under the Trainer's precision
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         self.model.eval()  # Lightning switches to train mode before each epoch
         if batch["input_ids"].shape[0] == 0:
             self.log("rollout/empty_batches", 1.0, batch_size=1)
             return None
+        if self._self_check_pending:
+            self._self_check(batch)
         # 1-6. rollout
         rollout = self.make_rollout(batch)
         stats = self.rollout_stats(rollout)
@@ -651,8 +712,8 @@ class PPOModule(pl.LightningModule):
         optimizer = self.optimizers()
         scheduler = self.lr_schedulers()
         sums: dict[str, float] = {}
-        count = 0
-        for _ in range(cfg.ppo_epochs):
+        count, first_deviation = 0, None
+        for epoch in range(cfg.ppo_epochs):
             order = torch.randperm(len(rollout), device=rollout.query_ids.device)
             for start in range(0, len(rollout), cfg.minibatch_size):
                 mb = rollout.select(order[start:start + cfg.minibatch_size])
@@ -661,6 +722,11 @@ class PPOModule(pl.LightningModule):
                                                                          mb.response_ids)
                 else:
                     logprobs, logits = self.policy_forward(mb.query_ids, mb.query_mask, mb.response_ids)
+                if epoch == 0 and start == 0 and cfg.check_invariants:  # the weights have not moved yet
+                    first = self._guard(
+                        check_ratio, logprobs, mb.logprobs, mb.action_mask, self.precision, cfg.first_ratio_tolerance,
+                        f"at rollout {self.rollouts_done} (first minibatch, before its first optimiser step)")
+                    first_deviation = first.get("mean")
                 loss, pstats = self.policy_loss(logprobs, mb.logprobs, mb.advantages, mb.action_mask)
                 step = {"ppo/policy_loss": loss.detach(), "ppo/approx_kl": pstats.approx_kl,
                         "ppo/clipfrac": pstats.clipfrac, "ppo/ratio_mean": pstats.ratio_mean}
@@ -693,6 +759,8 @@ class PPOModule(pl.LightningModule):
                 count += 1
         out = {k: (v if k == "ppo/ratio_max" else v / count) for k, v in sums.items()}
         out["ppo/optimizer_steps"] = float(count)
+        if first_deviation is not None:
+            out["guard/first_ratio_deviation"] = first_deviation  # mean |ratio - 1| before the first step
         return out
 
     #: Statistics that are not means: reduced across ranks with their own operation when logged.
