@@ -65,13 +65,27 @@ def train(strategy: str, task: str = "sft") -> dict[str, torch.Tensor]:
     from lrlhf.modules import RewardConfig, RewardModule, SFTConfig, SFTModule
 
     torch.set_num_threads(1)
+    # AdamW's eps = lr. Its step lr * m / (sqrt(v) + eps) moves a weight by at most lr / eps times a change of
+    # the gradient, and two reduction orders round a gradient differently (by a few u |g|): with eps = lr the
+    # runs' weights stay that close. With the default 1e-8, a gradient component near 0 (|g| ~ eps) multiplies
+    # its rounding by lr eps / (|g| + eps)^2 ~ 1e4, and one whose sign the rounding flips moves by 2 lr.
     if task.startswith("sft"):  # sft, sft_tied_lora: tied embeddings (frozen) + LoRA
         model = tiny_llama(tied="tied" in task)
         lora = LoraSpec(r=4) if "lora" in task else None
-        module = SFTModule(model, config=SFTConfig(lr=1e-2 if lora else 1e-3, scheduler="constant", lora=lora))
+        lr = 1e-2 if lora else 1e-3
+        module = SFTModule(model, config=SFTConfig(lr=lr, eps=lr, scheduler="constant", lora=lora))
         items, collate = rows(), None
     else:  # a full fine-tune of the backbone and the head (the LM head is never run by a reward model)
         module, items, collate = RewardModule(tiny_llama(), RewardConfig(lr=1e-3)), pairs(), collate_pairs
+        configure = module.configure_optimizers  # RewardConfig has no eps
+
+        def configure_optimizers():
+            out = configure()
+            for group in out["optimizer"].param_groups:
+                group["eps"] = module.config.lr
+            return out
+
+        module.configure_optimizers = configure_optimizers
     devices, kw = (1, {}) if strategy == "single" else (2, {"strategy": _strategy(strategy)})
     # rank r reads rows r, r + 2, ... in order, so each step's global batch is the single process's 4 rows
     # (Lightning's own DistributedSampler shuffles)

@@ -17,6 +17,8 @@ from lrlhf.eval.harness import Samples, best_of_n_from_pool, policy_row, sample_
 from lrlhf.models import ScalarModel
 from lrlhf.models.generation import SamplingConfig
 
+U = 2.0**-24  # fp32 unit roundoff
+
 
 def test_best_of_n_from_pool_picks_the_best_of_disjoint_groups():
     pool = Samples("pool", [["a", "b", "c", "d"]], [[1, 2, 3, 4]], [[0.1, 0.9, 0.5, 0.5]], [[0.0] * 4],
@@ -90,9 +92,20 @@ def test_sample_policy_matches_a_naive_one_row_computation(world):
                 response = out.ids[p][i]
                 assert out.lengths[p][i] == len(response)
                 ids = torch.tensor([list(query) + response])  # one row: no padding at all
-                logp = [torch.log_softmax(m(input_ids=ids).logits[0, len(query) - 1:-1], -1)
-                        .gather(-1, ids[0, len(query):, None]).sum() for m in (model, reference)]
-                assert out.kl[p][i] == pytest.approx((logp[0] - logp[1]).item(), abs=1e-5)
+                logp, tol = [], 0.0
+                for m in (model, reference):
+                    hidden = m.model(input_ids=ids).last_hidden_state[0, len(query) - 1:-1]
+                    z = m.lm_head(hidden).double()  # fp32 logits; log-softmax and sums in fp64
+                    logp.append(torch.log_softmax(z, -1).gather(-1, ids[0, len(query):, None]).squeeze(-1))
+                    # each fp32 side's log-prob of a token is off by at most the LM head's rounding (H u sum_i
+                    # |h_i W_vi|) plus the log-softmax's (u times the logit, max and log-sum-exp; (V + 2) u for
+                    # the sum of V exponentials); the k1 sum adds n u sum_t |k1_t|
+                    head = (hidden.abs() @ m.lm_head.weight.abs().T).amax(-1).double()
+                    tol += 2 * U * (hidden.shape[-1] * head + 4 * z.abs().amax(-1) + 2 * torch.logsumexp(z, -1).abs()
+                                    + z.shape[-1] + 4).sum()
+                k1 = logp[0] - logp[1]
+                tol += len(response) * U * k1.abs().sum()
+                assert abs(out.kl[p][i] - k1.sum().item()) <= tol, (out.kl[p][i], k1.sum().item(), tol)
                 score = reward_model.score(ids, torch.ones_like(ids)).item()
                 assert out.proxy[p][i] == pytest.approx(score, abs=1e-5)
 

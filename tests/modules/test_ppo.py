@@ -64,6 +64,14 @@ def _snapshot(module):
     return {n: p.detach().clone() for n, p in module.model.named_parameters()}
 
 
+def _value_tol(head, hidden):
+    """Bound on the difference of two fp32 computations of ``head(hidden)``: each side's dot product of length H
+    rounds by at most H u sum_i |w_i h_i| (+ u |b|), u = 2^-24; the trunks' own roundings of ``hidden`` (a few u
+    relative: padded vs alone, cached vs full) stay well inside it."""
+    scale = (hidden.abs() @ head.linear.weight.abs().T).squeeze(-1) + head.linear.bias.abs()
+    return 2 * hidden.shape[-1] * 2.0**-24 * scale
+
+
 # ------------------------------------------------------------------------------------------- alignment
 class RecordRatios(PPOModule):
     """Records ``logprobs - old_logprobs`` on valid actions at the first minibatch of each rollout."""
@@ -101,7 +109,11 @@ def test_shared_trunk_first_ratio_is_one_and_values_come_from_the_policy_pass(wo
     # direct computation: the policy adapter's last hidden state at the column before each action
     logprobs, _, values = module.policy_value_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
     valid = rollout.action_mask
-    torch.testing.assert_close(values[valid], rollout.values[valid], atol=1e-5, rtol=0)
+    ids, mask, pos = module._sequence(rollout.query_ids, rollout.query_mask, rollout.response_ids)
+    with torch.no_grad():
+        trunk = module.model.get_base_model().model(input_ids=ids, attention_mask=mask, position_ids=pos)
+    tol = _value_tol(module.value_head, trunk.last_hidden_state[:, rollout.query_ids.shape[1] - 1:-1])
+    assert ((values - rollout.values).abs() <= tol)[valid].all()
     torch.testing.assert_close(logprobs[valid], rollout.logprobs[valid], atol=1e-5, rtol=0)
     row, n = 0, int(rollout.masks.lengths[0])
     prompt = rollout.query_ids[row][rollout.query_mask[row].bool()]
@@ -109,7 +121,8 @@ def test_shared_trunk_first_ratio_is_one_and_values_come_from_the_policy_pass(wo
     with torch.no_grad():
         hidden = module.model.get_base_model().model(input_ids=ids).last_hidden_state[0]
         direct = module.value_head(hidden[len(prompt) - 1:len(prompt) - 1 + n])
-    torch.testing.assert_close(rollout.values[row, :n], direct, atol=1e-5, rtol=0)
+    tol = _value_tol(module.value_head, hidden[len(prompt) - 1:len(prompt) - 1 + n])
+    assert ((rollout.values[row, :n] - direct).abs() <= tol).all()
     # training: ratio 1 at the first minibatch of each rollout; the value loss moves the policy adapter
     before = _snapshot(module)
     _fit(module, world, tokenizer, 2, tmp_path)
@@ -206,7 +219,8 @@ def test_values_read_at_the_state_before_each_action(world, tokenizer):
         hidden = module.model.get_base_model().model(input_ids=ids).last_hidden_state[0]
         direct = module.value_head(hidden[len(prompt) - 1:len(prompt) - 1 + n])
     module.model.set_adapter("policy")
-    torch.testing.assert_close(rollout.values[row, :n], direct, atol=1e-5, rtol=0)
+    tol = _value_tol(module.value_head, hidden[len(prompt) - 1:len(prompt) - 1 + n])
+    assert ((rollout.values[row, :n] - direct).abs() <= tol).all()
 
 
 # ------------------------------------------------------------------------------- roles and adapters
@@ -229,11 +243,18 @@ def test_reference_is_a_separately_loaded_frozen_base_and_adapters_train_in_isol
     fresh = load_causal_lm(ModelConfig(str(world.model))).eval()
     ids, mask, pos = module._sequence(rollout.query_ids, rollout.query_mask, rollout.response_ids)
     with torch.no_grad():
-        logits = fresh(input_ids=ids, attention_mask=mask, position_ids=pos).logits
+        hidden = fresh.model(input_ids=ids, attention_mask=mask, position_ids=pos).last_hidden_state
+        logits = fresh.lm_head(hidden)
     p = rollout.query_ids.shape[1]
     expected = torch.log_softmax(logits[:, p - 1:-1], -1).gather(-1, rollout.response_ids[..., None]).squeeze(-1)
     valid = rollout.action_mask
-    torch.testing.assert_close(rollout.ref_logprobs[valid], expected[valid], atol=1e-6, rtol=0)
+    # the same trunk; the LM head (on the kept columns vs all) and the log-softmax kernels differ. Each side's
+    # logits are dot products of length H (at most H u sum_i |h_i W_vi| off), its log-softmax adds u times the
+    # terms it subtracts (logit, max, log-sum-exp) and (V + 2) u for the sum of V exponentials
+    z, u = logits[:, p - 1:-1].double(), 2.0**-24
+    head = (hidden[:, p - 1:-1].abs() @ fresh.lm_head.weight.abs().T).amax(-1).double()
+    tol = 2 * u * (hidden.shape[-1] * head + 4 * z.abs().amax(-1) + 2 * torch.logsumexp(z, -1).abs() + z.shape[-1] + 4)
+    assert ((rollout.ref_logprobs - expected).abs() <= tol)[valid].all()
     assert (rollout.logprobs[valid] - expected[valid]).abs().max() > 1e-3
 
 
@@ -351,9 +372,25 @@ def test_group_estimators_train_without_a_critic(world, tokenizer, tmp_path, est
     module = _module(world, tokenizer, advantage_estimator=estimator, samples_per_prompt=2, ppo_epochs=1)
     assert module.value_head is None and "value" not in module.model.peft_config
     rollout = module.make_rollout(_batch(world, tokenizer))
-    # every prompt's two samples: advantages of opposite sign (RLOO: r_i - r_j; GRPO: +-1/sqrt(2))
-    seq = (rollout.advantages * rollout.action_mask).sum(1) / rollout.action_mask.sum(1)
-    assert torch.allclose(seq.reshape(-1, 2).sum(1), torch.zeros(BATCH), atol=1e-5)
+    assert torch.equal(rollout.query_ids[0::2], rollout.query_ids[1::2])  # a prompt's two samples are adjacent
+    # The expectation in fp64 from the rollout's own per-action rewards: each pair's sequence rewards r (P, 2),
+    # RLOO r_i - r_j, GRPO (r_i - mean) / (std + 1e-6) (grpo_advantages' eps) = +-s / (sqrt(2) (s + 1e-6)).
+    mask = rollout.action_mask
+    rewards = torch.where(mask, rollout.rewards, 0).double()
+    r = rewards.sum(1).reshape(-1, 2)
+    s = r.std(1, keepdim=True)
+    expected = r - r.flip(1) if estimator == "rloo" else (r - r.mean(1, keepdim=True)) / (s + 1e-6)
+    # The module does this in fp32: its sum of a row's T rewards is off by at most (T - 1) u sum_t |reward_t|
+    # (u = 2^-24), the pair's mean and difference by a few u |r| more; RLOO passes that error d of the pair on
+    # as is, GRPO divides it by s + eps (so a pair of near-equal rewards, s ~ 1e-3, magnifies it ~1e3) and
+    # rounds its own quotient (a few u |A|). Bound with a factor 4 to spare.
+    u = 2.0**-24
+    d = (mask.sum(1) * u * rewards.abs().sum(1) + 2 * u * rewards.sum(1).abs()).reshape(-1, 2).sum(1, keepdim=True)
+    tol = 4 * (d if estimator == "rloo" else d / (s + 1e-6) + 4 * u * expected.abs())
+    got = rollout.advantages.double()
+    assert torch.equal(got, got[:, :1] * mask), "one advantage per sequence, on its valid actions only"
+    error = (got[:, 0].reshape(-1, 2) - expected).abs()
+    assert (error <= tol).all(), (got[:, 0].reshape(-1, 2), expected, error, tol)
     trainer = _fit(module, world, tokenizer, 1, tmp_path)
     assert math.isfinite(trainer.callback_metrics["ppo/approx_kl"].item())
 
