@@ -2,6 +2,9 @@
 
     /work/venv-trl/bin/python bench/compare_trl.py [--iters 6] [--warmup 1] [--threads 1]      # time
     /work/venv-trl/bin/python bench/compare_trl.py --memory                                    # peak RSS
+    python bench/compare_trl.py --device cuda --shape qwen05 --precision bf16-mixed --batch 64 --new 128 \
+        --iters 3 --warmup 1 [--json out.json]                                                # one GPU
+    python bench/compare_trl.py --sampling --device cuda --shape qwen05 --precision bf16-mixed --batch 64 --new 128
 
 (``PYTHONPATH=src`` in a checkout whose package is not installed in that venv; trl is a bench-only extra.)
 
@@ -26,6 +29,19 @@ every block linear of the policy, fp32, AdamW lr 1e-5.
   breakdown (generate, score = the rollout's no-grad forwards, update).
 - Full-parameter policy: TRL's is timed with ``--full`` (reference = a frozen copy); ours is not implemented
   (``PPOConfig.policy_lora``: the reference is the adapter-free base), so only TRL's figure is printed.
+
+**GPU and other shapes** (``--device cuda``, ``--shape``, ``--precision``; the defaults above are the CPU
+reference config, unchanged): ``--shape qwen05`` is the Qwen2.5-0.5B body with a 32k vocabulary (hidden 896,
+24 layers, 14 heads, 2 KV heads, intermediate 4864, vocab 32000, tied), ``--shape tiny`` a toy one for dry runs
+(hidden 64, 2 layers, 4/2 heads, intermediate 128, vocab 512, tied). ``--precision bf16-mixed`` is fp32 weights
+under bf16 autocast on both sides: Lightning ``precision="bf16-mixed"`` for ours, ``bf16=True`` for TRL. On CUDA
+every iteration timer synchronises the device first. ``bench/gpu_check.sh`` runs the 0.5B comparison on a GPU.
+
+**Sampling** (``--sampling``): the rollout sampler alone (``PPOModule.sample``: :func:`sample_with_logprobs` with
+the ``policy`` adapter on, as in a rollout) on ``--batch`` prompts of the same set, ``--warmup`` untimed then
+``--iters`` timed calls, under the same precision; throughput = rows x sampled columns / median seconds.
+
+``--json FILE`` also writes the figures (and the versions) as JSON.
 
 **Memory** (``--memory``): the shape of SmolLM2-135M (hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate
 1536, vocab 49152, tied), random weights, LoRA policy, batch 8, response 32, 2 iterations; each side runs in
@@ -63,6 +79,11 @@ REFERENCE = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, nu
                  intermediate_size=1024, vocab_size=8000, tie_word_embeddings=False)
 SMOLLM2 = dict(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                intermediate_size=1536, vocab_size=49152, tie_word_embeddings=True)
+QWEN05 = dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+              intermediate_size=4864, vocab_size=32000, tie_word_embeddings=True)  # Qwen2.5-0.5B body, 32k vocab
+TINY = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            intermediate_size=128, vocab_size=512, tie_word_embeddings=True)  # dry runs (bench/gpu_check.sh)
+SHAPES = {"reference": REFERENCE, "qwen05": QWEN05, "tiny": TINY}
 
 
 # ------------------------------------------------------------------------------------------------ setup
@@ -155,8 +176,9 @@ def trl_trainer(model_dir: Path, prompts, args, callbacks, full: bool = False):
         output_dir=str(model_dir.parent / "trl-out"), per_device_train_batch_size=args.batch,
         gradient_accumulation_steps=1, num_mini_batches=2, num_ppo_epochs=1, total_episodes=iters * args.batch,
         local_rollout_forward_batch_size=args.batch, response_length=args.new, temperature=1.0,
-        stop_token="eos", learning_rate=1e-5, kl_coef=0.05, num_sample_generations=0, bf16=False, fp16=False,
-        gradient_checkpointing=False, use_cpu=True, report_to="none", save_strategy="no", logging_steps=1000,
+        stop_token="eos", learning_rate=1e-5, kl_coef=0.05, num_sample_generations=0,
+        bf16=args.precision == "bf16-mixed", fp16=False, gradient_checkpointing=False, use_cpu=args.device == "cpu",
+        report_to="none", save_strategy="no", logging_steps=1000,
         dataloader_num_workers=0, disable_tqdm=True, seed=args.seed,
     )
     return PPOTrainer(args=config, processing_class=tokenizer, model=policy, ref_model=ref, reward_model=reward,
@@ -170,20 +192,29 @@ def summary(xs: list[float]) -> tuple[float, float, float]:
     return statistics.median(xs), q[0], q[2]
 
 
-def time_run(args) -> None:
+def sync_fn(device: str):
+    """Waits for the device's queued work (CUDA runs asynchronously), so a timer reads finished work."""
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+def time_run(args) -> dict:
     from lightning.pytorch import Callback, Trainer
     from transformers import TrainerCallback
 
+    require_trl()
     total = args.warmup + args.iters
     baton = Baton(["ours", "trl"], timeout=900.0)
     times: dict[str, list[float]] = {"ours": [], "trl": []}
     phases: dict[str, list[float]] = {"generate": [], "score": [], "update": []}
+    sync = sync_fn(args.device)
 
     class OurTimer(Callback):
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            sync()
             self.start = time.perf_counter()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            sync()
             times["ours"].append(time.perf_counter() - self.start)
             baton.hand_over("trl")
             baton.wait("ours")
@@ -191,23 +222,27 @@ def time_run(args) -> None:
     class TrlTimer(TrainerCallback):
         def on_train_begin(self, args_, state, control, **kwargs):
             baton.wait("trl")
+            sync()
             self.start = time.perf_counter()
 
         def on_step_end(self, args_, state, control, **kwargs):
+            sync()
             times["trl"].append(time.perf_counter() - self.start)
             baton.hand_over("ours")
             if len(times["trl"]) < total:
                 baton.wait("trl")
             self.start = time.perf_counter()
 
+    shape = SHAPES[args.shape]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
-        build_model(model_dir, REFERENCE, args.seed)
-        prompts = make_prompts(256, REFERENCE["vocab_size"], args.seed)
+        build_model(model_dir, shape, args.seed)
+        prompts = make_prompts(max(256, total * args.batch), shape["vocab_size"], args.seed)
         module, data = ours_parts(model_dir, prompts, args)
-        module = timed(module, phases)
+        module = timed(module, phases, sync)
         theirs = trl_trainer(model_dir, prompts, args, [TrlTimer()], full=args.full)
-        ours = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        ours = Trainer(accelerator="gpu" if args.device == "cuda" else "cpu", devices=1, precision=args.precision,
+                       logger=False, enable_checkpointing=False, enable_progress_bar=False,
                        enable_model_summary=False, max_epochs=-1, num_sanity_val_steps=0, limit_val_batches=0,
                        max_steps=total * module.updates_per_rollout(args.batch), callbacks=[OurTimer()])
         baton.side_by_side(lambda: ours.fit(module, datamodule=data), theirs.train)
@@ -216,6 +251,7 @@ def time_run(args) -> None:
         n_trl = sum(p.numel() for p in theirs.model.parameters() if p.requires_grad)
 
     report_header(args)
+    print(setting(args))
     print(f"trainable params: ours {n_ours:,} (policy + value adapters, value head) / TRL {n_trl:,}"
           f"{' (full policy + full value model)' if args.full else ' (policy adapter + full value model)'}")
     print(f"our last rollout: mean response length {length:.1f}")
@@ -232,28 +268,69 @@ def time_run(args) -> None:
         f"{k} {statistics.median(v[args.warmup:]):.3f}" for k, v in phases.items()))
     print(f"ratio ours / TRL (medians): {ours_s[0] / trl_s[0]:.3f}  (target <= 0.5)")
     print("all iterations (s): ours", [round(x, 3) for x in times["ours"]], "TRL", [round(x, 3) for x in times["trl"]])
+    medians = {k: statistics.median(v[args.warmup:]) for k, v in phases.items() if v[args.warmup:]}
+    if "generate" in medians:
+        print(f"our rollout sampling (generate phase): {args.batch * args.new / medians['generate']:,.0f} "
+              f"tokens/s ({args.batch} rows x {args.new} new tokens; a random model rarely stops)")
+    peak = peak_cuda_gib(args.device)
+    if peak is not None:
+        print(f"process peak CUDA memory (both sides): {peak:.1f} GiB")
+    return {"mode": "time", "ours_s": list(ours_s), "trl_s": list(trl_s), "ratio": ours_s[0] / trl_s[0],
+            "phases_s": medians, "our_mean_length": length, "all_s": times,
+            "trainable": {"ours": n_ours, "trl": n_trl}, "peak_cuda_gib": peak}
 
 
-def timed(module, phases):
-    """Wrap the module's phases with timers (generate, the rest of the rollout = scoring, update)."""
+def peak_cuda_gib(device: str) -> float | None:
+    return torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+
+
+def setting(args) -> str:
+    return (f"device {args.device} ({device_name(args.device)}), shape {args.shape} {SHAPES[args.shape]}, "
+            f"precision {args.precision}, batch {args.batch} prompts, {args.new} new tokens")
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device == "cuda" else "cpu"
+
+
+def require_trl() -> None:
+    """Fail at once, saying so, when TRL's PPO (or the ``datasets`` it needs) cannot be imported."""
+    try:
+        import datasets  # noqa: F401
+        from trl.experimental.ppo import PPOTrainer  # noqa: F401
+    except ImportError as err:
+        raise SystemExit(f"compare_trl.py: trl is not importable, or the datasets it needs ({err!r}); the "
+                         "comparison needs trl==1.12.0 and datasets (the project's `bench` extra: "
+                         "pip install -e \".[bench]\", or their wheels: see bench/gpu_check.sh)") from err
+
+
+def timed(module, phases, sync=lambda: None):
+    """Wrap the module's phases with timers (generate, the rest of the rollout = scoring, update); ``sync``
+    waits for the device before each reading (CUDA)."""
     generate, make_rollout, update = module.sample, module.make_rollout, module.update
 
     def timed_generate(*a, **kw):  # the rollout's sampling step (PPOModule.sample)
+        sync()
         t = time.perf_counter()
         out = generate(*a, **kw)
+        sync()
         phases["generate"].append(time.perf_counter() - t)
         return out
 
     def timed_rollout(batch):
+        sync()
         t = time.perf_counter()
         n = len(phases["generate"])
         out = make_rollout(batch)
+        sync()
         phases["score"].append(time.perf_counter() - t - sum(phases["generate"][n:]))
         return out
 
     def timed_update(rollout):
+        sync()
         t = time.perf_counter()
         out = update(rollout)
+        sync()
         phases["update"].append(time.perf_counter() - t)
         return out
 
@@ -261,17 +338,29 @@ def timed(module, phases):
     return module
 
 
-def report_header(args) -> None:
+def versions() -> dict[str, str]:
     import importlib.util
 
     import lightning
     import peft
     import transformers
 
-    trl = f", trl {__import__('trl').__version__}" if importlib.util.find_spec("trl") else ""
+    out = {"torch": torch.__version__, "lightning": lightning.__version__, "transformers": transformers.__version__,
+           "peft": peft.__version__}
+    if importlib.util.find_spec("trl"):
+        try:
+            out["trl"] = __import__("trl").__version__
+        except Exception as err:  # the sampling run does not need it
+            out["trl"] = f"not importable ({type(err).__name__})"
+    return out
+
+
+def report_header(args) -> None:
+    v = versions()
+    trl = f", trl {v['trl']}" if "trl" in v else ""
     print(f"torch threads: {torch.get_num_threads()}")
-    print(f"versions: torch {torch.__version__}, lightning {lightning.__version__}, transformers "
-          f"{transformers.__version__}, peft {peft.__version__}{trl}")
+    print(f"versions: torch {v['torch']}, lightning {v['lightning']}, transformers "
+          f"{v['transformers']}, peft {v['peft']}{trl}")
 
 
 # ----------------------------------------------------------------------------------------------- memory
@@ -352,11 +441,22 @@ def main() -> None:
     parser.add_argument("--memory", action="store_true", help="peak RSS at the SmolLM2-135M shape")
     parser.add_argument("--value-from-policy", action="store_true",
                         help="ours with ppo.value_from_policy (the critic's head on the policy's trunk)")
+    parser.add_argument("--sampling", action="store_true", help="time our rollout sampler alone (tokens/s)")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="both sides on this device")
+    parser.add_argument("--shape", default="reference", choices=sorted(SHAPES),
+                        help="model shape of the time and sampling runs (reference: the CPU config above)")
+    parser.add_argument("--precision", default="32-true", choices=["32-true", "bf16-mixed"],
+                        help="fp32, or fp32 weights under bf16 autocast on both sides")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch.cuda.is_available() is False")
+    if (args.memory or args.child) and (args.device, args.shape, args.precision) != ("cpu", "reference", "32-true"):
+        parser.error("--memory measures the CPU process RSS at the SmolLM2 shape: no --device/--shape/--precision")
     small = args.memory or args.child
     args.batch = args.batch or (8 if small else 16)
     args.new = args.new or (32 if small else 64)
@@ -364,10 +464,21 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     if args.child:
         memory_child(args)
-    elif args.memory:
+        return
+    if args.memory:
         memory_run(args)
+        return
+    if args.sampling:
+        from sampler_speed import sampling_run  # bench/ is the script's folder
+
+        result = sampling_run(args)
     else:
-        time_run(args)
+        result = time_run(args)
+    if args.json:
+        result.update(command=" ".join(["python", *sys.argv]), device=args.device, device_name=device_name(args.device),
+                      shape=args.shape, shape_config=SHAPES[args.shape], precision=args.precision, batch=args.batch,
+                      new=args.new, iters=args.iters, warmup=args.warmup, threads=args.threads, versions=versions())
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
