@@ -195,7 +195,7 @@ class PPOConfig:
     a teacher-forced forward (once per fit, before the first rollout), naming the measured value and the cause."""
     first_ratio_tolerance: float | None = None
     """Bound on the mean |ratio - 1| of the first minibatch of each rollout; None = by precision
-    (:data:`lrlhf.modules.guards.RATIO_TOLERANCE`: 1e-3 full, 5e-2 reduced)."""
+    (:data:`lrlhf.modules.guards.RATIO_TOLERANCE`: 1e-3 full, 0.1 reduced)."""
     # logging
     sample_every_n_rollouts: int = 0
     """Log the fixed-prompt sample table every N rollouts; 0 = never."""
