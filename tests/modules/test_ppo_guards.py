@@ -129,7 +129,7 @@ def test_half_precision_turns_recompute_on_and_says_so(world, tokenizer, tmp_pat
     assert module.config.recompute_old_logprobs is None
     with caplog.at_level("INFO"):
         _fit(module, world, tokenizer, 2, tmp_path, precision="bf16-mixed")
-    assert module.precision.reduced and module.precision.label.startswith("precision bf16-mixed")
+    assert module.compute_precision.reduced and module.compute_precision.label.startswith("precision bf16-mixed")
     assert module.recompute_old_logprobs
     assert "old log-probs are recomputed by a full forward" in caplog.text
     # recomputed by the same full forward the update runs: the first ratio is 1 to the bit under bf16 autocast

@@ -530,7 +530,7 @@ class PPOModule(pl.LightningModule):
 
     # ------------------------------------------------------------------------------------------ guards
     @property
-    def precision(self) -> Precision:
+    def compute_precision(self) -> Precision:
         """The precision the policy computes in (:func:`run_precision`), resolved once per fit."""
         if self._precision is None:
             self._precision = run_precision(self._trainer, self.model)
@@ -543,7 +543,7 @@ class PPOModule(pl.LightningModule):
     def recompute_old_logprobs(self) -> bool:
         """``ppo.recompute_old_logprobs``, or by precision when None (on under reduced precision)."""
         setting = self.config.recompute_old_logprobs
-        return self.precision.reduced if setting is None else setting
+        return self.compute_precision.reduced if setting is None else setting
 
     def _guard(self, check, *args) -> dict | None:
         """``check(*args)`` (raising :class:`InvariantError`) on every rank; when it fails on any, every rank stops
@@ -561,8 +561,8 @@ class PPOModule(pl.LightningModule):
         """Once per fit, before the first rollout: :func:`sampler_self_check` on the batch's first prompts."""
         self._self_check_pending = False
         if self.config.check_invariants:
-            self._guard(sampler_self_check, self, batch["input_ids"], batch["attention_mask"], self.precision,
-                        self.config.first_ratio_tolerance)
+            self._guard(sampler_self_check, self, batch["input_ids"], batch["attention_mask"],
+                        self.compute_precision, self.config.first_ratio_tolerance)
 
     @torch.no_grad()
     def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks) -> Tensor:
@@ -674,7 +674,7 @@ class PPOModule(pl.LightningModule):
         self.model.eval()  # dropout off in rollouts and updates: the first ratio is 1 (up to kernel rounding)
         seed_rank_stream()  # several ranks: each samples its own stream (a no-op in one process)
         self._precision, self._self_check_pending = None, True
-        self.precision  # noqa: B018 -- resolved (and announced) under the Trainer's precision
+        self.compute_precision  # noqa: B018 -- resolved (and announced) under the Trainer's precision
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
         self.model.eval()  # Lightning switches to train mode before each epoch
@@ -724,7 +724,8 @@ class PPOModule(pl.LightningModule):
                     logprobs, logits = self.policy_forward(mb.query_ids, mb.query_mask, mb.response_ids)
                 if epoch == 0 and start == 0 and cfg.check_invariants:  # the weights have not moved yet
                     first = self._guard(
-                        check_ratio, logprobs, mb.logprobs, mb.action_mask, self.precision, cfg.first_ratio_tolerance,
+                        check_ratio, logprobs, mb.logprobs, mb.action_mask, self.compute_precision,
+                        cfg.first_ratio_tolerance,
                         f"at rollout {self.rollouts_done} (first minibatch, before its first optimiser step)")
                     first_deviation = first.get("mean")
                 loss, pstats = self.policy_loss(logprobs, mb.logprobs, mb.advantages, mb.action_mask)
