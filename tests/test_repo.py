@@ -33,3 +33,18 @@ def test_train_py_help_lists_the_recipes():
     assert out.returncode == 0, out.stderr
     recipes = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
     assert f"recipe: {', '.join(recipes)}" in out.stdout
+
+
+def test_ci_runs_the_suite_again_on_every_declared_floor():
+    ci_lines = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line and not line.startswith("#")]
+    assert ci_lines[-1] == "bash .ci/lowest"  # after the README's test command
+    lowest = (ROOT / ".ci/lowest").read_text()
+    assert "--resolution lowest-direct" in lowest and '-e ".[test]"' in lowest
+    assert re.search(r"^\.venv-floor/bin/python -m pytest\b", lowest, flags=re.M)  # the whole suite, no filter
+
+
+def test_gpu_check_is_prepared():
+    out = subprocess.run(["bash", "bench/gpu_check.sh", "--help"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "--dry-run" in out.stdout and "--wheels" in out.stdout
