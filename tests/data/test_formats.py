@@ -239,6 +239,38 @@ def test_ranking_with_ties(tmp_path):
     ]
 
 
+def test_a_ranking_whose_candidates_all_tie_is_dropped_and_counted(tmp_path):
+    rows = [
+        {"prompt": "p", "completions": ["a", "b", "c"], "ranks": [1, 1, 1]},  # no order: nothing to learn
+        {"prompt": "q", "completions": ["a", "b", "c"], "ranks": [1, 1, 2]},  # two strict pairs and a tie
+        {"prompt": "r", "completions": ["a", "b"], "ranks": [3, 3]},
+    ]
+    records, summary = load(tmp_path, rows, "ranking")
+    assert [r.prompt for r in records] == [[user("q")]] and records[0].ranks == [1, 1, 2]
+    assert (summary.read, summary.kept, summary.dropped) == (3, 1, {"all_ranks_tied": 2})
+
+
+def test_a_ranking_file_in_which_every_candidate_ties_is_an_error(tmp_path):
+    rows = [{"prompt": "p", "completions": ["a", "b", "c"], "ranks": [1, 1, 1]}] * 2
+    with pytest.raises(EmptyDatasetError) as error:
+        load(tmp_path, rows, ("preference", "ranking"))
+    assert str(error.value) == (
+        "data.jsonl: all 2 records were removed by filters (all_ranks_tied: 2); nothing is left"
+    )
+
+
+def test_a_ranking_with_some_ties_gives_its_strict_pairs_and_its_ties_as_ties(tmp_path):
+    import torch
+
+    from lrlhf.modules.reward import ranking_pairs
+
+    rows = [{"prompt": "q", "completions": ["a", "b", "c"], "ranks": [1, 1, 2]}]
+    records, _ = load(tmp_path, rows, "ranking")
+    first, second, target = ranking_pairs(torch.tensor(records[0].ranks), torch.zeros(3, dtype=torch.long))
+    pairs = {(int(f), int(s)): float(t) for f, s, t in zip(first, second, target, strict=True)}
+    assert pairs == {(0, 1): 0.5, (0, 2): 1.0, (1, 2): 1.0}  # a and b tie, both beat c
+
+
 @pytest.mark.parametrize("ranks", [[1], [0, 1], [1, True], [1, 1.5]])
 def test_ranking_rejects_bad_ranks(tmp_path, ranks):
     with pytest.raises(DataFormatError, match=r"data\.jsonl:1: .*'ranks'"):

@@ -36,7 +36,9 @@ Rules every reader follows:
   harmless-base test: 2,307 of 2,312 pairs share a prefix, 5 are dropped.) HH turns are stripped of
   surrounding whitespace.
 - Skippable records are dropped and counted: identical chosen and rejected (``drop_identical``), an SFT
-  example whose last assistant turn is blank (nothing to imitate). An empty *preference* continuation is
+  example whose last assistant turn is blank (nothing to imitate), a ranking whose candidates all share one
+  rank (``all_ranks_tied``: it orders nothing; a ranking with one strict preference is kept whole, its equal
+  ranks are ties). A source with nothing left is an error. An empty *preference* continuation is
   kept: an empty answer can rightly win or lose (HH-RLHF has four such chosen answers).
 - Anything else that does not fit raises :class:`~lrlhf.data.errors.DataFormatError` naming the record,
   the field, and the formats (or roles, or range) accepted.
@@ -46,16 +48,28 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from lrlhf.data.conversations import (
+    SkipRecord,
+    check_continuation,
+    check_prompt,
+    check_system_first,
+    conversation,
+    hh_transcript,
+    last_assistant,
+    sharegpt_conversation,
+    split_shared_prompt,
+    strip_prompt,
+    with_system,
+)
 from lrlhf.data.errors import DataFormatError
-from lrlhf.data.records import ROLES, Conversation, PreferencePair, PromptExample, Ranking, SFTExample
+from lrlhf.data.records import Conversation, PreferencePair, PromptExample, Ranking, SFTExample
 from lrlhf.data.sources import read_rows
-from lrlhf.data.summary import EMPTY_RESPONSE, IDENTICAL, NO_SHARED_PREFIX, DataSummary
+from lrlhf.data.summary import EMPTY_RESPONSE, IDENTICAL, DataSummary
 from lrlhf.data.writers import write_jsonl
 
 __all__ = ["FORMATS", "KINDS", "DataFormatError", "Format", "load_records", "read_record", "write_jsonl"]
@@ -64,20 +78,7 @@ logger = logging.getLogger(__name__)
 
 Record = SFTExample | PreferencePair | Ranking | PromptExample
 KINDS = ("sft", "preference", "ranking", "prompt")
-
-SHAREGPT_ROLES = {
-    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"
-}
-HH_MARKER = re.compile(r"\n\n(Human|Assistant):")
-HH_ROLES = {"Human": "user", "Assistant": "assistant"}
-
-
-class SkipRecord(Exception):
-    """Raised by a reader for a record that is dropped and counted under ``reason``, not an error."""
-
-    def __init__(self, reason: str):
-        super().__init__(reason)
-        self.reason = reason
+ALL_TIED = "all_ranks_tied"  # a ranking whose candidates all share one rank: it orders nothing
 
 
 @dataclass(frozen=True)
@@ -156,105 +157,28 @@ def _as_tuple(types: type | tuple[type, ...]) -> tuple[type, ...]:
     return types if isinstance(types, tuple) else (types,)
 
 
-# --- conversations -------------------------------------------------------------------------------------
-
-
-def _conversation(value: Any, ctx: _Ctx, field: str, string_role: str) -> Conversation:
-    """A string (one ``string_role`` message) or a list of ``{role, content}`` dicts, as a conversation."""
-    if isinstance(value, str):
-        return [{"role": string_role, "content": value}]
-    if not isinstance(value, list):
-        raise ctx.error(f"field {field!r} must be a string or a list of {{role, content}} messages")
-    messages = []
-    for i, message in enumerate(value):
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-            raise ctx.error(f"{field}[{i}] must be a {{role, content}} message with string content")
-        if message.get("role") not in ROLES:
-            allowed = ", ".join(ROLES)
-            raise ctx.error(f"{field}[{i}].role is {message.get('role')!r}; allowed roles: {allowed}")
-        messages.append({"role": message["role"], "content": message["content"]})
-    _check_system_first(messages, ctx, field)
-    return messages
-
-
-def _sharegpt_conversation(value: Any, ctx: _Ctx, field: str) -> Conversation:
-    """ShareGPT ``[{from, value}]`` (or one such dict) -> messages, mapping human/gpt to user/assistant."""
-    turns = [value] if isinstance(value, dict) else value
-    if not isinstance(turns, list):
-        raise ctx.error(f"field {field!r} must be a list of {{from, value}} turns")
-    messages = []
-    for i, turn in enumerate(turns):
-        if not isinstance(turn, dict) or not isinstance(turn.get("value"), str):
-            raise ctx.error(f"{field}[{i}] must be a {{from, value}} turn with string value")
-        role = SHAREGPT_ROLES.get(turn.get("from"))
-        if role is None:
-            allowed = ", ".join(SHAREGPT_ROLES)
-            raise ctx.error(f"{field}[{i}].from is {turn.get('from')!r}; allowed values: {allowed}")
-        messages.append({"role": role, "content": turn["value"]})
-    _check_system_first(messages, ctx, field)
-    return messages
-
-
-def _with_system(system: str | None, messages: Conversation) -> Conversation:
-    return ([{"role": "system", "content": system}] if system else []) + messages
-
-
-def _check_system_first(messages: Conversation, ctx: _Ctx, field: str) -> None:
-    for i, message in enumerate(messages[1:], start=1):
-        if message["role"] == "system":
-            raise ctx.error(f"role sequence invalid: {field}[{i}] is a system turn (only first)")
-
-
-def _check_prompt(prompt: Conversation, ctx: _Ctx, field: str) -> None:
-    if not prompt or prompt[-1]["role"] != "user":
-        last = prompt[-1]["role"] if prompt else "nothing"
-        raise ctx.error(f"role sequence invalid: {field} must end with a user turn, ends with {last}")
-    _check_system_first(prompt, ctx, field)
-
-
-def _check_continuation(continuation: Conversation, ctx: _Ctx, field: str) -> None:
-    if not continuation or continuation[0]["role"] != "assistant":
-        first = continuation[0]["role"] if continuation else "nothing"
-        raise ctx.error(f"role sequence invalid: {field} must start with an assistant turn, not {first}")
-
-
-def _last_assistant(messages: Conversation) -> int | None:
-    indices = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
-    return indices[-1] if indices else None
-
-
-def _split_shared_prompt(chosen: Conversation, rejected: Conversation, ctx: _Ctx):
-    """The shared-prefix rule (module docstring): (prompt, chosen tail, rejected tail) or SkipRecord."""
-    cut_chosen, cut_rejected = _last_assistant(chosen), _last_assistant(rejected)
-    if cut_chosen is None or cut_rejected is None:
-        raise ctx.error("role sequence invalid: chosen and rejected must each contain an assistant turn")
-    if chosen[:cut_chosen] != rejected[:cut_rejected]:
-        raise SkipRecord(NO_SHARED_PREFIX)
-    return chosen[:cut_chosen], chosen[cut_chosen:], rejected[cut_rejected:]
-
-
 # --- SFT -----------------------------------------------------------------------------------------------
 
 
 def _sft(messages: Conversation, row: dict[str, Any], ctx: _Ctx, field: str) -> SFTExample:
     if not messages or messages[-1]["role"] != "assistant":
         raise ctx.error(f"role sequence invalid: {field} must end with an assistant turn (the target)")
-    _check_system_first(messages, ctx, field)
+    check_system_first(messages, ctx, field)
     return SFTExample(messages=messages, source=ctx.source, meta=ctx.meta(row))
 
 
 @_register("sft", "messages", ("messages",))
 def read_messages(row, ctx):
-    return _sft(_conversation(ctx.get(row, "messages", list, "a list of messages"), ctx, "messages", "user"),
+    return _sft(conversation(ctx.get(row, "messages", list, "a list of messages"), ctx, "messages", "user"),
                 row, ctx, "messages")
 
 
 @_register("sft", "sharegpt", ("conversations",), ("system",))
 def read_sharegpt(row, ctx):
-    turns = _sharegpt_conversation(ctx.get(row, "conversations", list, "a list of turns"), ctx,
+    turns = sharegpt_conversation(ctx.get(row, "conversations", list, "a list of turns"), ctx,
                                    "conversations")
     system = ctx.get(row, "system", str, "a string", optional=True)
-    return _sft(_with_system(system, turns), row, ctx, "conversations")
+    return _sft(with_system(system, turns), row, ctx, "conversations")
 
 
 def _alpaca_user_turn(instruction: str, input_text: str | None) -> str:
@@ -275,7 +199,7 @@ def read_alpaca(row, ctx):
         messages += [{"role": "user", "content": turn[0]}, {"role": "assistant", "content": turn[1]}]
     messages += [{"role": "user", "content": _alpaca_user_turn(instruction, input_text)},
                  {"role": "assistant", "content": output}]
-    return _sft(_with_system(system, messages), row, ctx, "output")
+    return _sft(with_system(system, messages), row, ctx, "output")
 
 
 @_register("sft", "self_instruct", ("instruction", "instances"))
@@ -293,11 +217,11 @@ def read_self_instruct(row, ctx):
 
 @_register("sft", "prompt_completion", ("prompt", "completion"))
 def read_prompt_completion(row, ctx):
-    prompt = _conversation(ctx.get(row, "prompt", (str, list), "a string or messages"), ctx, "prompt", "user")
-    completion = _conversation(ctx.get(row, "completion", (str, list), "a string or messages"), ctx,
+    prompt = conversation(ctx.get(row, "prompt", (str, list), "a string or messages"), ctx, "prompt", "user")
+    completion = conversation(ctx.get(row, "completion", (str, list), "a string or messages"), ctx,
                                "completion", "assistant")
-    _check_prompt(prompt, ctx, "prompt")
-    _check_continuation(completion, ctx, "completion")
+    check_prompt(prompt, ctx, "prompt")
+    check_continuation(completion, ctx, "completion")
     return _sft(prompt + completion, row, ctx, "completion")
 
 
@@ -317,9 +241,9 @@ def _target(row: dict[str, Any], ctx: _Ctx) -> float:
 
 
 def _pair(prompt, chosen, rejected, row, ctx) -> PreferencePair:
-    _check_prompt(prompt, ctx, "prompt")
-    _check_continuation(chosen, ctx, "chosen")
-    _check_continuation(rejected, ctx, "rejected")
+    check_prompt(prompt, ctx, "prompt")
+    check_continuation(chosen, ctx, "chosen")
+    check_continuation(rejected, ctx, "rejected")
     return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, target=_target(row, ctx),
                           source=ctx.source, meta=ctx.meta(row))
 
@@ -327,51 +251,38 @@ def _pair(prompt, chosen, rejected, row, ctx) -> PreferencePair:
 @_register("preference", "sharegpt_pairwise", ("conversations", "chosen", "rejected"),
            ("system", "tie", "target"))
 def read_sharegpt_pairwise(row, ctx):
-    prompt = _sharegpt_conversation(ctx.get(row, "conversations", list, "a list of turns"), ctx,
+    prompt = sharegpt_conversation(ctx.get(row, "conversations", list, "a list of turns"), ctx,
                                     "conversations")
     system = ctx.get(row, "system", str, "a string", optional=True)
-    chosen = _sharegpt_conversation(ctx.get(row, "chosen", (dict, list), "a {from, value} turn"), ctx,
+    chosen = sharegpt_conversation(ctx.get(row, "chosen", (dict, list), "a {from, value} turn"), ctx,
                                     "chosen")
-    rejected = _sharegpt_conversation(ctx.get(row, "rejected", (dict, list), "a {from, value} turn"), ctx,
+    rejected = sharegpt_conversation(ctx.get(row, "rejected", (dict, list), "a {from, value} turn"), ctx,
                                       "rejected")
-    return _pair(_with_system(system, prompt), chosen, rejected, row, ctx)
-
-
-def _hh_transcript(text: str, ctx: _Ctx, field: str) -> Conversation:
-    parts = HH_MARKER.split(text)
-    if parts[0].strip() or len(parts) < 3:
-        raise ctx.error(f"field {field!r} is not an HH transcript: it must start with '\\n\\nHuman:' "
-                        "and alternate '\\n\\nHuman:' / '\\n\\nAssistant:' turns")
-    return [{"role": HH_ROLES[parts[i]], "content": parts[i + 1].strip()} for i in range(1, len(parts), 2)]
+    return _pair(with_system(system, prompt), chosen, rejected, row, ctx)
 
 
 @_register("preference", "hh_rlhf", ("chosen", "rejected"), ("tie", "target"),
            detect=lambda row: "prompt" not in row and isinstance(row["chosen"], str))
 def read_hh_rlhf(row, ctx):
-    chosen = _hh_transcript(ctx.get(row, "chosen", str, "a transcript string"), ctx, "chosen")
-    rejected = _hh_transcript(ctx.get(row, "rejected", str, "a transcript string"), ctx, "rejected")
-    return _pair(*_split_shared_prompt(chosen, rejected, ctx), row, ctx)
-
-
-def _strip_prompt(prompt: Conversation, side: Conversation) -> Conversation:
-    """A side given as a full conversation starting with the prompt keeps only what follows it."""
-    return side[len(prompt):] if len(side) > len(prompt) and side[: len(prompt)] == prompt else side
+    chosen = hh_transcript(ctx.get(row, "chosen", str, "a transcript string"), ctx, "chosen")
+    rejected = hh_transcript(ctx.get(row, "rejected", str, "a transcript string"), ctx, "rejected")
+    return _pair(*split_shared_prompt(chosen, rejected, ctx), row, ctx)
 
 
 @_register("preference", "pairwise", ("chosen", "rejected"), ("prompt", "tie", "target"))
 def read_pairwise(row, ctx):
     raw_chosen = ctx.get(row, "chosen", (str, list), "a string or messages")
     raw_rejected = ctx.get(row, "rejected", (str, list), "a string or messages")
-    chosen = _conversation(raw_chosen, ctx, "chosen", "assistant")
-    rejected = _conversation(raw_rejected, ctx, "rejected", "assistant")
+    chosen = conversation(raw_chosen, ctx, "chosen", "assistant")
+    rejected = conversation(raw_rejected, ctx, "rejected", "assistant")
     raw_prompt = ctx.get(row, "prompt", (str, list), "a string or messages", optional=True)
     if raw_prompt is None:
         if isinstance(raw_chosen, str) or isinstance(raw_rejected, str):
             raise ctx.error("field 'prompt' is missing; it may be left out only when chosen and rejected are "
                             "full conversations (message lists) that share the prompt")
-        return _pair(*_split_shared_prompt(chosen, rejected, ctx), row, ctx)
-    prompt = _conversation(raw_prompt, ctx, "prompt", "user")
-    return _pair(prompt, _strip_prompt(prompt, chosen), _strip_prompt(prompt, rejected), row, ctx)
+        return _pair(*split_shared_prompt(chosen, rejected, ctx), row, ctx)
+    prompt = conversation(raw_prompt, ctx, "prompt", "user")
+    return _pair(prompt, strip_prompt(prompt, chosen), strip_prompt(prompt, rejected), row, ctx)
 
 
 # --- rankings ------------------------------------------------------------------------------------------
@@ -379,8 +290,8 @@ def read_pairwise(row, ctx):
 
 @_register("ranking", "ranking", ("prompt", "completions", "ranks"))
 def read_ranking(row, ctx):
-    prompt = _conversation(ctx.get(row, "prompt", (str, list), "a string or messages"), ctx, "prompt", "user")
-    _check_prompt(prompt, ctx, "prompt")
+    prompt = conversation(ctx.get(row, "prompt", (str, list), "a string or messages"), ctx, "prompt", "user")
+    check_prompt(prompt, ctx, "prompt")
     raw = ctx.get(row, "completions", list, "a list of strings or message lists")
     ranks = ctx.get(row, "ranks", list, "a list of integers >= 1 (1 = best)")
     if len(raw) < 2 or len(ranks) != len(raw):
@@ -389,8 +300,8 @@ def read_ranking(row, ctx):
         raise ctx.error(f"field 'ranks' is {ranks!r}; allowed: integers >= 1, 1 = best, equal = tie")
     completions = []
     for i, completion in enumerate(raw):
-        completion = _strip_prompt(prompt, _conversation(completion, ctx, f"completions[{i}]", "assistant"))
-        _check_continuation(completion, ctx, f"completions[{i}]")
+        completion = strip_prompt(prompt, conversation(completion, ctx, f"completions[{i}]", "assistant"))
+        check_continuation(completion, ctx, f"completions[{i}]")
         completions.append(completion)
     return Ranking(prompt=prompt, completions=completions, ranks=list(ranks), source=ctx.source,
                    meta=ctx.meta(row))
@@ -402,16 +313,16 @@ def read_ranking(row, ctx):
 @_register("prompt", "prompt", ("prompt",),
            detect=lambda row: not {"completion", "chosen", "rejected", "completions"} & row.keys())
 def read_prompt(row, ctx):
-    prompt = _conversation(ctx.get(row, "prompt", (str, list), "a string or messages"), ctx, "prompt", "user")
-    _check_prompt(prompt, ctx, "prompt")
+    prompt = conversation(ctx.get(row, "prompt", (str, list), "a string or messages"), ctx, "prompt", "user")
+    check_prompt(prompt, ctx, "prompt")
     return PromptExample(prompt=prompt, source=ctx.source, meta=ctx.meta(row))
 
 
 def _prompt_from_sft(sft_format: Format):
     def read(row, ctx):
         example = sft_format.read(row, _Ctx(ctx.where, sft_format, ctx.source))
-        prompt = example.messages[: _last_assistant(example.messages)]
-        _check_prompt(prompt, ctx, "the turns before the last assistant turn")
+        prompt = example.messages[: last_assistant(example.messages)]
+        check_prompt(prompt, ctx, "the turns before the last assistant turn")
         return PromptExample(prompt=prompt, source=example.source, meta=example.meta)
 
     return read
@@ -478,6 +389,8 @@ def _filter_reason(record: Record, drop_identical: bool) -> str | None:
         return IDENTICAL
     if isinstance(record, SFTExample) and not record.messages[-1]["content"].strip():
         return EMPTY_RESPONSE
+    if isinstance(record, Ranking) and len(set(record.ranks)) == 1:
+        return ALL_TIED
     return None
 
 

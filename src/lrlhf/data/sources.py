@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -53,9 +54,7 @@ def _read_local(path: Path) -> Iterator[RawRow]:
     if path.name.endswith(".parquet"):
         yield from _read_parquet(path)
         return
-    opener = gzip.open if path.name.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        text = f.read()
+    text = _decode(_read_bytes(path), path)
     # A .json file may hold one list or JSON lines; the first non-blank character tells which.
     if path.name.endswith((".json", ".json.gz")) and text.lstrip().startswith("["):
         yield from _read_json_list(text, path)
@@ -63,8 +62,33 @@ def _read_local(path: Path) -> Iterator[RawRow]:
         yield from _read_json_lines(text, path)
 
 
+def _read_bytes(path: Path) -> bytes:
+    if not path.name.endswith(".gz"):
+        return path.read_bytes()
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError, zlib.error) as e:  # not gzip, truncated, or a bad CRC
+        raise DataFormatError(f"{path}: not a readable gzip file ({e})") from e
+
+
+def _decode(data: bytes, path: Path) -> str:
+    """``data`` as UTF-8; a bad byte is named by its line and column (1-based, in characters, as JSON's are)."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line_start = data.rfind(b"\n", 0, e.start) + 1
+        line = data.count(b"\n", 0, e.start) + 1
+        column = len(data[line_start:e.start].decode("utf-8")) + 1  # all valid: e.start is the first bad byte
+        byte = f"0x{data[e.start]:02x}"
+        message = f"{path}:{line}: not valid UTF-8 (byte {byte} at column {column}); save the file as UTF-8"
+        raise DataFormatError(message) from e
+
+
 def _read_json_lines(text: str, path: Path) -> Iterator[RawRow]:
-    for number, line in enumerate(text.splitlines(), start=1):
+    # "\n" alone ends a line (JSON Lines): splitlines() would also cut at U+2028, U+0085 or a form feed, which
+    # may stand raw inside a JSON string. A "\r" before it is whitespace to json.loads.
+    for number, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue  # blank lines (often a trailing one) carry no record
         where = f"{path}:{number}"
