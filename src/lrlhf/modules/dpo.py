@@ -39,7 +39,7 @@ from lrlhf.models import (
     load_tokenizer,
     reference_mode,
 )
-from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
+from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule, check_finite, check_finite_weights
 from lrlhf.modules.sft import ExportPaths
 
 TIE = 0.5
@@ -208,10 +208,16 @@ class DPOModule(pl.LightningModule):
         return loss
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        return self.shared_step(batch, "train")
+        # stop before the optimiser step on a NaN / inf loss (no poisoned weights are kept or exported)
+        return check_finite(self.shared_step(batch, "train"), "training loss", "dpo", self.global_step, self.config.lr)
+
+    def on_train_end(self) -> None:
+        # the last optimiser step's loss was finite, its update may not have been: checked before any export
+        check_finite_weights(self, "dpo", self.global_step, self.config.lr)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        self.shared_step(batch, "val")
+        check_finite(self.shared_step(batch, "val"), "validation loss", "dpo", self.global_step, self.config.lr,
+                     stopped="at validation", across_ranks=False)  # rank 0 may validate alone
 
     # ----------------------------------------------------------------------------------- optimiser
     def configure_optimizers(self):

@@ -6,8 +6,10 @@ import math
 from collections.abc import Callable
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
+
+from lrlhf.utils.distributed import any_across_ranks
 
 #: ``(warmup_steps, total_steps) -> (step -> lr factor)``. A new schedule is a new entry, not a new flag.
 LRSchedule = Callable[[int, int], Callable[[int], float]]
@@ -63,3 +65,47 @@ def adamw_with_schedule(
     optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas, eps=eps)
     lr_scheduler = LambdaLR(optimizer, SCHEDULERS[scheduler](warmup_steps, max(1, total_steps)))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "interval": "step"}}
+
+
+
+def _likely_cause(lr: float, lr_key: str) -> str:
+    return (f"Likely cause: the learning rate {lr_key}={lr:g} is too high and an update diverged (lower it, or add "
+            "warmup); otherwise check the data (a batch without targets) and the precision (fp16 overflow: try "
+            "trainer.precision=bf16-mixed or 32-true)")
+
+
+def check_finite(value: Tensor, what: str, stage: str, step: int, lr: float, lr_key: str = "module.config.lr",
+                 stopped: str = "before the optimiser step", across_ranks: bool = True) -> Tensor:
+    """Raise :class:`FloatingPointError` when ``value`` (a loss, or scores) holds a NaN or an infinity on any rank,
+    naming ``what``, the optimiser ``step``, the measured value and the likely cause (the learning rate
+    ``lr_key``); returns ``value`` unchanged. Called on the training loss before its backward, so the run stops
+    before the optimiser step and no non-finite weights are kept or exported.
+
+    With ``across_ranks`` every rank checks the same flag (one all-reduce of a scalar when distributed), so all of
+    them stop together instead of one waiting in a collective for a rank that stopped; False where not every rank
+    runs the call (a validation that rank 0 runs alone after training, as the CLI's reward-model test metrics).
+    """
+    detached = value.detach().float()
+    finite = bool(torch.isfinite(detached).all())
+    if not (any_across_ranks(not finite) if across_ranks else not finite):
+        return value
+    if finite:
+        measured = "finite here, non-finite on another rank"
+    elif detached.numel() == 1:
+        measured = f"{detached.item()}"
+    else:
+        measured = f"{int((~torch.isfinite(detached)).sum())} of {detached.numel()} values non-finite"
+    raise FloatingPointError(f"{stage}: non-finite {what} at optimiser step {step} ({measured}); stopped {stopped}, "
+                             f"so no non-finite weights are kept or exported. {_likely_cause(lr, lr_key)}")
+
+
+def check_finite_weights(module: nn.Module, stage: str, step: int, lr: float, lr_key: str = "module.config.lr") -> None:
+    """Raise :class:`FloatingPointError` when a trainable parameter of ``module`` holds a NaN or an infinity (after
+    the last optimiser step, whose loss was still finite), naming the first such parameter: called at the end of
+    training, before anything is evaluated or exported."""
+    bad = [name for name, p in module.named_parameters()  # a sharded (DTensor) parameter: this rank's shard
+           if p.requires_grad and not bool(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all())]
+    if any_across_ranks(bool(bad)):
+        name = bad[0] if bad else "(on another rank)"
+        raise FloatingPointError(f"{stage}: non-finite trained weights after optimiser step {step} ({len(bad)} "
+                                 f"tensors, first {name}); stopped before export. {_likely_cause(lr, lr_key)}")

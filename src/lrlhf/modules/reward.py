@@ -43,7 +43,7 @@ from lrlhf.models import (
     load_tokenizer,
 )
 from lrlhf.models.heads import decoder
-from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
+from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule, check_finite, check_finite_weights
 
 HEAD_INITS = ("normal", "zero")
 TIES = ("soft", "drop")
@@ -341,6 +341,8 @@ class RewardModule(pl.LightningModule):
         rewards = self.score(batch)
         # 2.-3. Split into pairs and compute the loss (BT with soft labels for ties, or the ranking loss).
         out = self.compute_loss(rewards, batch)
+        # Stop before the optimiser step on a NaN / inf loss (no poisoned weights are kept or exported).
+        check_finite(out.loss, "training loss", "reward", self.global_step, self.config.lr)
         # 4. Log: loss, accuracy on non-tie pairs, mean margin (preferred minus other).
         margin = out.pairs.chosen - out.pairs.rejected
         labelled = out.pairs.target != 0.5
@@ -355,6 +357,9 @@ class RewardModule(pl.LightningModule):
         # 1. Score (one forward), 2. view as pairs, 3. update every metric, 4. log the metric objects
         # (Lightning computes them, synced across processes, at epoch end).
         rewards = self.score(batch)
+        # NaN scores would be dropped by the metrics (an empty margin list), never reported: stop, naming them.
+        check_finite(rewards, "validation rewards", "reward", self.global_step, self.config.lr,
+                     stopped="before computing metrics", across_ranks=False)  # rank 0 may validate alone
         out = self.compute_loss(rewards, batch)
         self.update_metrics(rewards, batch, out.pairs)
         self.log("val/loss", out.loss, batch_size=out.pairs.chosen.shape[0], sync_dist=True)
@@ -429,6 +434,10 @@ class RewardModule(pl.LightningModule):
             import wandb
 
             experiment.log({"val/margin_hist": wandb.Histogram(margins.cpu().numpy())}, commit=False)
+
+    def on_train_end(self) -> None:
+        # the last optimiser step's loss was finite, its update may not have been: checked before any export
+        check_finite_weights(self.model, "reward", self.global_step, self.config.lr)
 
     # ------------------------------------------------------------------------------------------ optimiser
     def configure_optimizers(self):
@@ -542,7 +551,9 @@ def compute_calibration(module: RewardModule, data, reference: str = "") -> Rewa
         raise ValueError("compute_calibration needs at least two completions")
     std = rewards.std().item()
     if not std > 0:
-        raise ValueError("compute_calibration: every reward is equal, the std is 0")
+        raise ValueError(f"compute_calibration: every reward of {rewards.numel()} completions is "
+                         f"{rewards[0].item():g}, the std is 0: a degenerate reward model (training diverged: "
+                         "module.config.lr too high?) or identical completions")
     module.calibration = RewardCalibration(rewards.mean().item(), std, rewards.numel(), reference)
     return module.calibration
 

@@ -33,7 +33,7 @@ from lrlhf.models import (
     load_tokenizer,
 )
 from lrlhf.models.generation import SamplingConfig, as_prompt
-from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule
+from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule, check_finite, check_finite_weights
 from lrlhf.modules.samples import log_table, sample_table
 
 
@@ -178,9 +178,15 @@ class SFTModule(pl.LightningModule):
         logits = self(batch)
         # 2. masked cross-entropy on the assistant targets
         loss = self.compute_loss(logits, batch)
-        # 3. log the loss (throughput and lr are logged in on_train_batch_end, after the optimiser step)
+        # 3. stop before the optimiser step on a NaN / inf loss (no poisoned weights are kept or exported)
+        check_finite(loss, "training loss", "sft", self.global_step, self.config.lr)
+        # 4. log the loss (throughput and lr are logged in on_train_batch_end, after the optimiser step)
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
+
+    def on_train_end(self) -> None:
+        # the last optimiser step's loss was finite, its update may not have been: checked before any export
+        check_finite_weights(self, "sft", self.global_step, self.config.lr)
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._step_started = time.perf_counter()
@@ -204,6 +210,9 @@ class SFTModule(pl.LightningModule):
     # ----------------------------------------------------------------------------------- validation
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logprobs, mask = self.target_logprobs(self(batch), batch)
+        # MeanMetric drops NaN (with a warning): a diverged model must stop here, not report a loss of the rest
+        check_finite(logprobs[mask.bool()], "validation log-probs", "sft", self.global_step, self.config.lr,
+                     stopped="before computing val/loss", across_ranks=False)  # rank 0 may validate alone
         # Every target token is one observation, so the epoch value is sum(nll) / #targets over the whole
         # set, not a mean of batch means (which would overweight short batches).
         self.val_nll.update(-logprobs[mask.bool()])
