@@ -4,8 +4,9 @@
 writes ``OUT_DIR/rank<r>.pt`` per rank: for each run (``straight``, ``first``, ``resumed``) the sampled ids of
 every rollout, the trained weights (gathered to full tensors), the KL controller's beta, the rollouts done, and
 the torch RNG state at the start of training (per-rank sampling streams); the straight run also keeps the best
-held-out checkpoint (the first) and restores it with the CLI's ``_restore_best`` (``restored``: the weights
-after that). Used by ``tests/test_strategies.py``.
+held-out checkpoint (the first: rollout 0, the starting policy) and restores it with the CLI's ``_restore_best``
+(``restored``: the weights after that; ``start``: the trained weights when training started). Used by
+``tests/test_strategies.py``.
 """
 
 import sys
@@ -23,6 +24,7 @@ class RecordSamples:
     def on_train_start(self):
         super().on_train_start()
         self.start_rng = torch.get_rng_state()
+        self.start_weights = trained(self)  # a collective under FSDP2: every rank runs this hook
 
     def make_rollout(self, batch):
         rollout = super().make_rollout(batch)
@@ -73,7 +75,7 @@ def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None, restore_
     ppo = module(world, tokenizer, lr)
     callbacks = [KLControlCallback("adaptive", target=0.5, horizon=20.0),
                  ResumableCheckpoint(dirpath=out / "ckpt", keep_last_k=2)]
-    if restore_best:  # held-out utility after each rollout; min_delta so large that the first one stays best
+    if restore_best:  # held-out utility at rollout 0 and after each rollout; min_delta keeps rollout 0 best
         callbacks.append(HeldOutUtilityEarlyStopping(world.eval_prompts, every_n_rollouts=1, patience=None,
                                                      min_delta=1e9, batch_size=8, plot=False,
                                                      dirpath=out / "best"))
@@ -90,7 +92,7 @@ def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None, restore_
         from lrlhf.cli import _restore_best
 
         chosen = _restore_best(trainer, ppo)
-        extra = {"restored": trained(ppo), "chosen_rollout": chosen["chosen/rollout"],
+        extra = {"restored": trained(ppo), "chosen_rollout": chosen["chosen/rollout"], "start": ppo.start_weights,
                  "chosen_is_folder": Path(chosen["chosen/checkpoint"]).is_dir()}
     return {**extra,"sampled": ppo.sampled, "weights": weights, "beta": float(ppo.kl_controller.value),
             "sharded": [isinstance(p, DTensor) for p in ppo.parameters()],

@@ -233,12 +233,12 @@ def test_fsdp2_refuses_a_trainable_tied_embedding():
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_the_cli_restores_the_best_held_out_checkpoint(ppo_runs, strategy):
     """cli._restore_best loads best.ckpt (a sharded folder under FSDP2, a file under DDP) into the trained model:
-    the first rollout's weights (min_delta keeps the first evaluation best), as a run of that one rollout ended."""
+    the starting policy's weights (rollout 0, evaluated before any update; min_delta keeps it best)."""
     for runs in ppo_runs[strategy]:
-        straight, first = runs["straight"], runs["first"]
-        assert straight["chosen_rollout"] == 1 and straight["chosen_is_folder"] == (strategy == "fsdp2")
-        assert any(not torch.equal(straight["weights"][k], first["weights"][k]) for k in first["weights"])
-        assert all(torch.equal(straight["restored"][k], first["weights"][k]) for k in first["weights"])
+        straight, start = runs["straight"], runs["straight"]["start"]
+        assert straight["chosen_rollout"] == 0 and straight["chosen_is_folder"] == (strategy == "fsdp2")
+        assert any(not torch.equal(straight["weights"][k], start[k]) for k in start)
+        assert all(torch.equal(straight["restored"][k], start[k]) for k in start)
 
 
 def test_restoring_a_sharded_checkpoint_under_a_single_device_strategy_is_refused(tmp_path):

@@ -377,9 +377,10 @@ def _restore_best(trainer, module) -> dict:
     from lrlhf.callbacks import HeldOutUtilityEarlyStopping
 
     stopper = next((c for c in trainer.callbacks if isinstance(c, HeldOutUtilityEarlyStopping)), None)
-    if stopper is None or stopper.best is None:
+    if stopper is None or stopper.chosen is None:
         return {}
-    found = {"chosen/rollout": stopper.best["rollout"], "chosen/heldout_utility": stopper.best["utility"],
+    found = {"chosen/rollout": stopper.chosen["rollout"], "chosen/heldout_utility": stopper.chosen["utility"],
+             "chosen/starting_policy": stopper.kept_start,  # rollout 0: no update improved on the start
              "goodhart_plot": str(Path(trainer.log_dir or trainer.default_root_dir) / "goodhart.png")}
     if stopper.best_model_path and Path(stopper.best_model_path).is_dir():
         _restore_sharded(trainer, Path(stopper.best_model_path))
@@ -403,7 +404,14 @@ def _restore_sharded(trainer, path: Path) -> None:
         raise RuntimeError(f"{path} is a sharded checkpoint (a folder of per-rank shards) and this run's strategy "
                            f"{type(trainer.strategy).__name__} does not write or read sharded checkpoints; restore "
                            "it under the strategy that wrote it (e.g. strategy=fsdp2)")
-    trainer.strategy.load_checkpoint(path)  # weights (and optimiser states) into the sharded model
+    # the chosen weights only (training is over; rollout 0's checkpoint has no optimiser state yet): every rank
+    # reads its own shards of the model, the optimisers are hidden from the strategy's loader meanwhile
+    strategy, optimizers = trainer.strategy, trainer.strategy.optimizers
+    strategy.optimizers = []
+    try:
+        strategy.load_checkpoint(path)
+    finally:
+        strategy.optimizers = optimizers
 
 
 def _compare_with_sft(cfg, module, name: str = "ppo") -> dict:
@@ -465,6 +473,8 @@ def print_summary(summary: dict) -> None:
     if "chosen/rollout" in summary:
         print(f"chosen PPO checkpoint: rollout {summary['chosen/rollout']} by held-out utility "
               f"{summary['chosen/heldout_utility']:.3f} (early stopping); Goodhart plot: {summary['goodhart_plot']}")
+        if summary.get("chosen/starting_policy"):
+            print("no PPO update improved held-out utility: the exported policy is the starting one (rollout 0)")
     for key in ("rollout/kl_seq", "kl/beta", "test/accuracy", "val/loss", "val/accuracy", "val/reward_margin"):
         if summary.get(key) is not None:
             print(f"{key}: {summary[key]:.4f}")

@@ -21,31 +21,77 @@ class Scripted(HeldOutUtilityEarlyStopping):
 
     def evaluate(self, trainer, pl_module):
         i = len(self.history)
+        if i == 0:  # rollout 0: the starting policy, before any update
+            self.start_weights = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
         return {"utility": self.script[i], "proxy": 0.1 * i, "kl": 0.5 * i, "length": 1.0}
 
 
 def test_stops_at_the_right_evaluation_and_keeps_the_best_by_utility(world, tokenizer, tmp_path):
-    # min_delta 0.05, patience 2: 0.2 best; 0.5 best; 0.45 (wait 1); 0.52 < 0.5 + 0.05 (wait 2) -> stop at eval 4
-    utilities = [0.2, 0.5, 0.45, 0.52, 0.9, 0.9]
+    # min_delta 0.05, patience 2: the start 0.1 best; 0.2 best; 0.5 best; 0.45 (wait 1); 0.52 < 0.5 + 0.05 (wait 2)
+    # -> stop at rollout 4
+    utilities = [0.1, 0.2, 0.5, 0.45, 0.52, 0.9, 0.9]
     es = Scripted(utilities, prompts=str(world.eval_prompts), every_n_rollouts=1, patience=2, min_delta=0.05)
     module = make_module(world, tokenizer)
     trainer = make_trainer(tmp_path, 6, module, [es, ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
     trainer.fit(module, datamodule=make_data(world, tokenizer))
     assert module.rollouts_done == 4 and es.stopped_at == 4
-    assert [h["utility"] for h in es.history] == utilities[:4]
-    assert es.best_index == 1 and es.best["rollout"] == 2
+    assert [h["utility"] for h in es.history] == utilities[:5]
+    assert [h["rollout"] for h in es.history] == [0, 1, 2, 3, 4]
+    assert es.best_index == 2 and es.best["rollout"] == 2 and not es.kept_start
     best = torch.load(tmp_path / "ckpt" / "best.ckpt", weights_only=True)
     assert best["lrlhf"]["rollouts_done"] == 2  # never the highest proxy (0.3 at rollout 4)
     rollout2 = torch.load(tmp_path / "ckpt" / "rollout=000002.ckpt", weights_only=True)
     assert all(torch.equal(best["state_dict"][k], v) for k, v in rollout2["state_dict"].items())
     assert (tmp_path / "goodhart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = json.loads((tmp_path / "heldout_history.json").read_text())
-    assert summary["best_index"] == 1 and summary["stopped_at"] == 4
+    assert summary["best_index"] == 2 and summary["stopped_at"] == 4 and summary["kept_starting_policy"] is False
+
+
+def test_a_run_that_only_gets_worse_keeps_and_exports_the_starting_policy(world, tokenizer, tmp_path):
+    # issue #20 item 13: rollout 0 (the policy before any update) was never scored, so the best of the ruined
+    # rollouts was "chosen" and exported
+    from lrlhf.cli import _restore_best
+
+    es = Scripted([0.5, 0.3, 0.2, 0.1, 0.0], prompts=str(world.eval_prompts), every_n_rollouts=1, patience=3)
+    module = make_module(world, tokenizer)
+    trainer = make_trainer(tmp_path, 5, module, [es, ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
+    with pytest.warns(UserWarning, match=r"never improved on the starting policy \(rollout 0: 0\.5000; best after "
+                                         r"an update 0\.3000.*module\.config\.lr too high"):
+        trainer.fit(module, datamodule=make_data(world, tokenizer))
+    assert module.rollouts_done == 3 and es.stopped_at == 3
+    assert es.best_index == 0 and es.best["rollout"] == 0 and es.kept_start
+    best = torch.load(tmp_path / "ckpt" / "best.ckpt", weights_only=True)
+    assert best["lrlhf"]["rollouts_done"] == 0 and best["global_step"] == 0
+    trained = best["state_dict"]  # the trained weights only (adapters, value head)
+    assert trained and all(torch.equal(v, es.start_weights[k]) for k, v in trained.items())
+    assert any(not torch.equal(module.state_dict()[k], v) for k, v in trained.items())  # the updates moved them
+    chosen = _restore_best(trainer, module)  # what the CLI exports
+    assert chosen["chosen/rollout"] == 0 and chosen["chosen/starting_policy"] is True
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in es.start_weights.items())
+    summary = json.loads((tmp_path / "heldout_history.json").read_text())
+    assert summary["kept_starting_policy"] is True and summary["history"][0]["rollout"] == 0
+
+
+def test_a_run_shorter_than_every_n_rollouts_keeps_its_final_policy(world, tokenizer, tmp_path):
+    # rollout 0 is the only evaluation: the trained policy was never scored, so nothing is chosen (the CLI exports
+    # the final policy, as before rollout 0 was evaluated) and a warning says why
+    from lrlhf.cli import _restore_best
+
+    es = Scripted([0.5], prompts=str(world.eval_prompts), every_n_rollouts=5, patience=1, plot=False)
+    module = make_module(world, tokenizer)
+    trainer = make_trainer(tmp_path, 2, module, [es])
+    with pytest.warns(UserWarning, match=r"evaluated only at rollout 0.*\(2 rollouts\) was never evaluated "
+                                         r"\(callbacks\.early_stopping\.every_n_rollouts=5\)"):
+        trainer.fit(module, datamodule=make_data(world, tokenizer))
+    assert [h["rollout"] for h in es.history] == [0] and es.chosen is None and not es.kept_start
+    final = {k: v.clone() for k, v in module.state_dict().items()}
+    assert _restore_best(trainer, module) == {}
+    assert all(torch.equal(module.state_dict()[k], v) for k, v in final.items())
 
 
 def test_state_survives_a_resume(world, tokenizer, tmp_path):
     kw = dict(prompts=str(world.eval_prompts), every_n_rollouts=1, patience=2, min_delta=0.05, plot=False)
-    utilities = [0.2, 0.5, 0.45, 0.52, 0.9]
+    utilities = [0.1, 0.2, 0.5, 0.45, 0.52, 0.9]
     first = Scripted(utilities, **kw)
     module = make_module(world, tokenizer)
     make_trainer(tmp_path, 3, module, [first, ResumableCheckpoint(dirpath=tmp_path / "ckpt")]).fit(
@@ -56,6 +102,7 @@ def test_state_survives_a_resume(world, tokenizer, tmp_path):
     make_trainer(tmp_path, 6, module, [resumed, ResumableCheckpoint(dirpath=tmp_path / "ckpt")]).fit(
         module, datamodule=make_data(world, tokenizer), ckpt_path="last")
     assert resumed.stopped_at == 4 and resumed.best["rollout"] == 2  # the patience count carried over
+    assert [h["rollout"] for h in resumed.history] == [0, 1, 2, 3, 4]  # rollout 0 is not evaluated again
 
 
 @pytest.mark.slow
@@ -70,10 +117,11 @@ def test_real_evaluation_is_deterministic_and_leaves_training_randomness_alone(w
     with_es = run(tmp_path / "a", [es])
     without = run(tmp_path / "b", [])
     training = [ids for ids in with_es.sampled if len(ids) == BATCH]  # the evaluation batches have 5 and 2 rows
-    assert len(with_es.sampled) == 2 + 2 * 3
+    assert len(with_es.sampled) == 2 + 3 * 3  # rollouts 0 (before any update), 1 and 2 evaluated
     assert [torch.equal(a, b) for a, b in zip(training, without.sampled, strict=True)] == [True, True]
-    assert len(es.history) == 2
-    first = es.history[0]
+    assert [h["rollout"] for h in es.history] == [0, 1, 2]
+    start, first = es.history[0], es.history[1]
+    assert abs(start["kl"]) < 1e-6  # zero-init LoRA: the starting policy is the reference
     assert 0.0 <= first["utility"] <= 1.0 and first["kl"] > 0
     assert es.evaluate(None, with_es) == es.evaluate(None, with_es)  # fixed seed, same weights
     fresh = make_module(world, tokenizer)

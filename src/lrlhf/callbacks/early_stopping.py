@@ -10,6 +10,8 @@ RNG (the training RNG stream is untouched), and measures on the same samples:
 - ``proxy``: the training reward model's score, calibrated as in the rewards (no penalty, no clip);
 - ``kl``: the mean over responses of the per-sequence sum of k1 (``logp - ref_logp``) against the reference.
 
+Rollout 0, the starting policy before any update, is evaluated at ``on_train_start`` and is the first candidate: a
+run whose updates only made things worse keeps (and the CLI exports) the policy it started from, and says so.
 The best checkpoint **by utility** is written (atomically) as ``best.ckpt``; training stops after ``patience``
 evaluations without an improvement of at least ``min_delta``. Logged at each evaluation: ``heldout/utility``,
 ``heldout/proxy``, ``heldout/kl_seq``, ``heldout/best_utility``. The Goodhart plot (utility and proxy against
@@ -28,7 +30,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lrlhf.callbacks.checkpoint import atomic_save_checkpoint
 from lrlhf.callbacks.goodhart import plot_goodhart
@@ -186,10 +188,48 @@ class HeldOutUtilityEarlyStopping(Callback):
                 raise ValueError(f"callbacks.early_stopping.prompts: prompt {i} ({prompt.source or 'in memory'}): "
                                  f"{err}") from err
 
+    def on_train_start(self, trainer, pl_module) -> None:
+        """Rollout 0: the starting policy, before its first update, is the first candidate, so a run whose updates
+        only made held-out utility worse keeps (and the CLI exports) the policy it started from. Skipped on a
+        resume (its history already holds rollout 0) and when the callback joins a run that has already moved."""
+        if self.history or self._rollouts(trainer, pl_module, done=trainer.global_step) != 0:
+            return
+        modes = {m: m.training for m in pl_module.modules()}
+        pl_module.eval()  # as the module samples its rollouts (no dropout); each submodule's mode is restored after
+        try:
+            self._evaluate_and_keep(trainer, pl_module, 0)
+        finally:
+            for m, training in modes.items():
+                m.training = training
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        rollouts = int(getattr(pl_module, "rollouts_done", trainer.fit_loop.epoch_loop.total_batch_idx + 1))
+        rollouts = self._rollouts(trainer, pl_module, done=trainer.fit_loop.epoch_loop.total_batch_idx + 1)
         if rollouts == 0 or rollouts % self.every_n_rollouts:
             return
+        self._evaluate_and_keep(trainer, pl_module, rollouts)
+        if self.patience is not None and self.wait >= self.patience:
+            self.stopped_at = rollouts
+            trainer.should_stop = True
+            rank_zero_info(f"early stopping at rollout {rollouts}: {self.wait} evaluations without an improvement "
+                           f">= {self.min_delta}; kept rollout {self.best['rollout']} ({self.best_model_path})")
+
+    @staticmethod
+    def _rollouts(trainer, pl_module, done: int) -> int:
+        return int(getattr(pl_module, "rollouts_done", done))
+
+    @property
+    def chosen(self) -> dict | None:
+        """The evaluation to restore and export: the best, unless rollout 0 is the only one (no updated policy
+        was evaluated: the run ended before ``every_n_rollouts``), then None (the final policy is kept)."""
+        evaluated_updates = any(h["rollout"] > 0 for h in self.history)
+        return self.best if self.best is not None and evaluated_updates else None
+
+    @property
+    def kept_start(self) -> bool:
+        """True when rollout 0 is chosen: no evaluated update improved on the starting policy."""
+        return self.chosen is not None and self.chosen["rollout"] == 0
+
+    def _evaluate_and_keep(self, trainer, pl_module, rollouts: int) -> None:
         result = {"rollout": rollouts, "global_step": trainer.global_step, **self.evaluate(trainer, pl_module)}
         self.history.append(result)
         index = len(self.history) - 1
@@ -198,25 +238,41 @@ class HeldOutUtilityEarlyStopping(Callback):
         if improved:
             self.best_index, self.wait = index, 0
             if self.save_best:
+                # A sharded save (torch DCP) initialises an optimiser that has not stepped yet (rollout 0) with a
+                # zero-lr step; its state is cleared again, so the first update is the one a run without this
+                # callback takes (Adam's step count; measured under FSDP2: rollout 1 sampled other tokens).
+                unstepped = [opt for opt in trainer.optimizers if not opt.state]
                 self.best_model_path = str(atomic_save_checkpoint(trainer, self._dirpath(trainer) / "best.ckpt"))
+                for opt in unstepped:
+                    opt.state.clear()
         else:
             self.wait += 1
-        pl_module.log_dict({"heldout/utility": result["utility"], "heldout/proxy": result["proxy"],
-                            "heldout/kl_seq": result["kl"], "heldout/length": result["length"],
-                            "heldout/best_utility": self.best["utility"]}, batch_size=1)
-        rank_zero_info(f"held-out eval {index} (rollout {rollouts}): utility {result['utility']:.4f}, proxy "
+        if rollouts > 0:  # rollout 0 runs in on_train_start, where Lightning's step logging does not apply
+            pl_module.log_dict({"heldout/utility": result["utility"], "heldout/proxy": result["proxy"],
+                                "heldout/kl_seq": result["kl"], "heldout/length": result["length"],
+                                "heldout/best_utility": self.best["utility"]}, batch_size=1)
+        what = "the starting policy, before any update" if rollouts == 0 else f"rollout {rollouts}"
+        rank_zero_info(f"held-out eval {index} ({what}): utility {result['utility']:.4f}, proxy "
                        f"{result['proxy']:.4f}, KL {result['kl']:.3f}; best {self.best['utility']:.4f} at rollout "
                        f"{self.best['rollout']}{'' if improved else f', {self.wait} without improvement'}")
         self._write_outputs(trainer)
-        if self.patience is not None and self.wait >= self.patience:
-            self.stopped_at = rollouts
-            trainer.should_stop = True
-            rank_zero_info(f"early stopping at rollout {rollouts}: {self.wait} evaluations without an improvement "
-                           f">= {self.min_delta}; kept rollout {self.best['rollout']} ({self.best_model_path})")
 
     def on_train_end(self, trainer, pl_module) -> None:
-        if self.history:
-            self._write_outputs(trainer, final=True)
+        if not self.history:
+            return
+        self._write_outputs(trainer, final=True)
+        rollouts = self._rollouts(trainer, pl_module, done=trainer.global_step)
+        if self.chosen is None and rollouts > 0:
+            rank_zero_warn(f"held-out utility was evaluated only at rollout 0, before any update: the trained policy "
+                           f"({rollouts} rollouts) was never evaluated (callbacks.early_stopping.every_n_rollouts="
+                           f"{self.every_n_rollouts}), so no checkpoint is chosen and the final policy is kept")
+        if self.kept_start:
+            later = max(h["utility"] for h in self.history[1:])
+            rank_zero_warn(f"held-out utility never improved on the starting policy (rollout 0: "
+                           f"{self.best['utility']:.4f}; best after an update {later:.4f}, over "
+                           f"{len(self.history) - 1} evaluations, min_delta {self.min_delta:g}): the starting policy "
+                           f"is kept as the best ({self.best_model_path or 'save_best=False: no checkpoint written'}). "
+                           "Likely causes: module.config.lr too high, or too few rollouts to improve")
 
     # -------------------------------------------------------------------------------------- outputs
     def _dirpath(self, trainer: pl.Trainer) -> Path:
@@ -236,6 +292,7 @@ class HeldOutUtilityEarlyStopping(Callback):
         if not trainer.is_global_zero:
             return
         summary = {"history": self.history, "best_index": self.best_index, "best_model_path": self.best_model_path,
+                   "kept_starting_policy": self.kept_start,
                    "stopped_at": self.stopped_at, "min_delta": self.min_delta, "patience": self.patience,
                    "utility": getattr(self.utility, "__name__", type(self.utility).__name__)}
         atomic_write_text(log_dir / "heldout_history.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
