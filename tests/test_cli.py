@@ -212,6 +212,11 @@ def test_ppo_resumes_from_last(tmp_path):
               "callbacks.checkpoint.every_n_rollouts=1", *tiny]
     _train(tmp_path, *common, "trainer.max_steps=4")  # 8 prompts per rollout, 2 optimiser steps each
     assert json.loads((run / "summary.json").read_text())["rollouts"] == 2
+    config = (run / "config.yaml").read_text()
+    refused = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last", "module.config.lr=0.001",
+                     check=False)
+    assert refused.returncode != 0 and "cannot resume" in refused.stdout + refused.stderr
+    assert (run / "config.yaml").read_text() == config  # a refused resume leaves the folder's config as it was
     out = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last")
     assert "Restoring states from the checkpoint" in out.stdout + out.stderr
     assert json.loads((run / "summary.json").read_text())["rollouts"] == 4

@@ -224,9 +224,12 @@ def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
     torch.set_num_threads(cfg.threads)
     pl.seed_everything(cfg.seed, verbose=False)
     final_dir = final_dir or out_dir
-    if zero:
+    config_yaml = OmegaConf.to_yaml(_at(cfg, final_dir), resolve=True)
+    resuming = cfg.get("ckpt_path") is not None  # written once the checkpoint was accepted (a refused resume
+    if zero:                                     # leaves the folder's config as it was)
         out_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(out_dir / "config.yaml", OmegaConf.to_yaml(_at(cfg, final_dir), resolve=True))
+        if not resuming:
+            atomic_write_text(out_dir / "config.yaml", config_yaml)
     barrier()  # (only once a process group exists: before the first fit no other rank writes into out_dir)
     if cfg.stage == "eval":  # nothing to train: evaluate the policies of cfg.eval (lrlhf.eval.harness)
         if not zero:  # one process evaluates (no collective runs in it)
@@ -241,6 +244,8 @@ def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
     data = instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
     trainer = _trainer(cfg, out_dir)
     trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
+    if zero and resuming:
+        atomic_write_text(out_dir / "config.yaml", config_yaml)
     summary = {"stage": cfg.stage, "run_dir": str(out_dir), **FINISH[cfg.stage](cfg, module, data, trainer, out_dir)}
     summary = json.loads(json.dumps(summary, default=str).replace(str(out_dir), str(final_dir)))
     if zero:
