@@ -148,3 +148,13 @@ def test_resume_refuses_other_config_and_other_frozen_weights(world, tokenizer, 
         dirpath=tmp_path / "ckpt", allowed_config_changes=["hparams.ppo.lr"])])
     trainer.fit(module, datamodule=data, ckpt_path="last")
     assert module.rollouts_done == 2
+
+
+def test_refusals_name_where_the_frozen_parts_were_loaded_from(world, tokenizer):
+    from lrlhf.models import ModelConfig
+    from lrlhf.modules.ppo import RewardAdapter
+
+    for source, expected in (("runs/rm/model", "runs/rm/model"), (RewardAdapter("runs/rm_lora/model"),
+                                                                 "runs/rm_lora/model")):
+        module = PPOModule(ModelConfig(str(world.model)), source, tokenizer)  # nothing is loaded yet
+        assert ResumableCheckpoint._sources(module) == {"model": str(world.model), "reward_model": expected}

@@ -319,7 +319,8 @@ class ResumableCheckpoint(ModelCheckpoint):
     def _sources(pl_module: pl.LightningModule) -> dict[str, str | None]:
         """Where the frozen parts come from, as far as the module says (PPOModule: base config, RM path)."""
         model_config = getattr(pl_module, "model_config", None)
-        reward_path = getattr(pl_module, "_reward_path", None)
+        reward_path = getattr(pl_module, "_reward_source", None)  # a path, or a RewardAdapter holding one
+        reward_path = getattr(reward_path, "path", reward_path)
         return {
             "model": getattr(model_config, "name_or_path", None) if model_config is not None else None,
             "reward_model": str(reward_path) if reward_path is not None else None,
