@@ -217,6 +217,8 @@ def test_ppo_resumes_from_last(tmp_path):
                      check=False)
     assert refused.returncode != 0 and "cannot resume" in refused.stdout + refused.stderr
     assert (run / "config.yaml").read_text() == config  # a refused resume leaves the folder's config as it was
+    refused = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last", "data.batch_size=4", check=False)
+    assert "config config.data.batch_size: checkpoint 8, this run 4" in refused.stdout + refused.stderr
     out = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last")
     assert "Restoring states from the checkpoint" in out.stdout + out.stderr
     assert json.loads((run / "summary.json").read_text())["rollouts"] == 4

@@ -191,11 +191,24 @@ def _model_config(cfg: DictConfig):
     raise ValueError("the recipe's module has neither `model` nor `policy`")
 
 
+#: Run-config keys a resume may change (how long to train, the callbacks' settings, threads): every other key of
+#: the resolved config (less UNHASHED_KEYS) must be the checkpoint's, or ResumableCheckpoint refuses the resume.
+RESUMABLE_CHANGES = ("config.trainer.max_steps", "config.trainer.max_epochs", "config.trainer.limit_train_batches",
+                     "config.callbacks.*", "config.threads")
+
+
 def _trainer(cfg: DictConfig, out_dir: Path):
     from hydra.utils import instantiate
 
+    from lrlhf.callbacks import ResumableCheckpoint
+
     logger = instantiate(cfg.logger) if cfg.get("logger") else False
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c]
+    run_config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
+    for callback in callbacks:  # the run config is stored with every checkpoint and checked on resume
+        if isinstance(callback, ResumableCheckpoint) and not callback.config:
+            callback.config = run_config
+            callback.allowed_config_changes = (*callback.allowed_config_changes, *RESUMABLE_CHANGES)
     trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(out_dir))
     if logger:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
