@@ -221,7 +221,12 @@ def test_ppo_resumes_from_last(tmp_path):
     assert "config config.data.batch_size: checkpoint 8, this run 4" in refused.stdout + refused.stderr
     out = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last")
     assert "Restoring states from the checkpoint" in out.stdout + out.stderr
-    assert json.loads((run / "summary.json").read_text())["rollouts"] == 4
+    finished = json.loads((run / "summary.json").read_text())
+    assert finished["rollouts"] == 4
+    _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last")  # finished already: trains nothing
+    again = json.loads((run / "summary.json").read_text())
+    for key in ("rollouts", "rollout/kl_seq", "rollout/score"):
+        assert again[key] is not None and again[key] == finished[key], key
 
 
 def test_rm_recipe_tiny_reports_held_out_metrics_and_exports(tmp_path):

@@ -374,8 +374,11 @@ def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
 
 
 def _finish_ppo(cfg, module, data, trainer, out_dir: Path) -> dict:
-    summary = {"rollouts": module.rollouts_done, "kl/beta": module.kl_controller.value,
-               "rollout/kl_seq": _metric(trainer, "rollout/kl_seq"), "rollout/score": _metric(trainer, "rollout/score")}
+    summary = {"rollouts": module.rollouts_done, "kl/beta": module.kl_controller.value}
+    previous = _read_summary(out_dir)  # a finished run resumed again trains nothing: its last rollout's figures stay
+    for key in ("rollout/kl_seq", "rollout/score"):
+        value = _metric(trainer, key)
+        summary[key] = value if value is not None else previous.get(key)
     summary.update(_restore_best(trainer, module))  # every rank (a sharded checkpoint is read collectively)
     module = _whole(cfg, module, trainer)
     if module is None:
@@ -386,6 +389,14 @@ def _finish_ppo(cfg, module, data, trainer, out_dir: Path) -> dict:
         estimator = module.config.advantage_estimator
         summary.update(_compare_with_sft(cfg, module, name="ppo" if estimator == "gae" else estimator))
     return summary
+
+
+def _read_summary(out_dir: Path) -> dict:
+    """The run folder's earlier ``summary.json`` ({} when there is none or it is unreadable)."""
+    try:
+        return json.loads((out_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def _restore_best(trainer, module) -> dict:
