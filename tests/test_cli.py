@@ -1,5 +1,6 @@
 """The Hydra CLI: every recipe composes and runs tiny, caching, overrides, errors, subclassing, loggers."""
 
+import csv
 import json
 import math
 import os
@@ -208,10 +209,13 @@ def test_multirun(tmp_path):
 def test_ppo_resumes_from_last(tmp_path):
     run = tmp_path / "run"
     tiny = [o for o in _tiny("ppo_lora") if not o.startswith("trainer.max_steps")]
-    common = ["recipe=ppo_lora", "logger=none", f"hydra.run.dir={run}", "callbacks.early_stopping.patience=null",
-              "callbacks.checkpoint.every_n_rollouts=1", *tiny]
+    common = ["recipe=ppo_lora", "logger=csv", f"hydra.run.dir={run}", "callbacks.early_stopping.patience=null",
+              "callbacks.checkpoint.every_n_rollouts=1", "trainer.log_every_n_steps=1", *tiny]
     _train(tmp_path, *common, "trainer.max_steps=4")  # 8 prompts per rollout, 2 optimiser steps each
     assert json.loads((run / "summary.json").read_text())["rollouts"] == 2
+    metrics = run / "logs" / "metrics.csv"
+    first_rows = [r for r in csv.DictReader(metrics.open()) if r.get("rollout/kl_seq")]
+    assert len(first_rows) == 2  # one row per rollout
     config = (run / "config.yaml").read_text()
     refused = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last", "module.config.lr=0.001",
                      check=False)
@@ -223,6 +227,8 @@ def test_ppo_resumes_from_last(tmp_path):
     assert "Restoring states from the checkpoint" in out.stdout + out.stderr
     finished = json.loads((run / "summary.json").read_text())
     assert finished["rollouts"] == 4
+    rows = [r for r in csv.DictReader(metrics.open()) if r.get("rollout/kl_seq")]
+    assert rows[:2] == first_rows and len(rows) == 4  # the rows before the restart kept, each rollout's once
     _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last")  # finished already: trains nothing
     again = json.loads((run / "summary.json").read_text())
     for key in ("rollouts", "rollout/kl_seq", "rollout/score"):

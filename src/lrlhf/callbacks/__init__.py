@@ -4,6 +4,7 @@ Each takes plain keyword arguments, so a Hydra ``callbacks/<name>.yaml`` with a 
 """
 
 from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
+from lrlhf.callbacks.csv_logger import ResumableCSVLogger
 from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
 from lrlhf.callbacks.goodhart import plot_goodhart
 from lrlhf.callbacks.kl_control import KLControlCallback
@@ -11,6 +12,7 @@ from lrlhf.callbacks.kl_control import KLControlCallback
 __all__ = [
     "HeldOutUtilityEarlyStopping",
     "KLControlCallback",
+    "ResumableCSVLogger",
     "ResumableCheckpoint",
     "atomic_save_checkpoint",
     "plot_goodhart",
