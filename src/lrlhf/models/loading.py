@@ -234,6 +234,9 @@ def load_tokenizer(cfg: ModelConfig):
     kwargs = dict(trust_remote_code=cfg.trust_remote_code, revision=cfg.revision)
     if cfg.gguf_file:
         kwargs["gguf_file"] = cfg.gguf_file
+    elif source.local is not None and not any((source.local / file).is_file() for file in TOKENIZER_FILES):
+        # refused here: transformers 5.0 builds a default tokenizer from config.json alone, later releases fail
+        raise source.error("tokenizer", FileNotFoundError("no tokenizer files"))
     try:
         tokenizer = AutoTokenizer.from_pretrained(source.path, **kwargs)
     except (OSError, ValueError) as err:  # no tokenizer files ("install sentencepiece or tiktoken"), or no hub
