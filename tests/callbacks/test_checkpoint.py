@@ -142,12 +142,24 @@ def test_resume_refuses_other_config_and_other_frozen_weights(world, tokenizer, 
         trainer.fit(module, datamodule=data, ckpt_path="last")
     assert "'model'" not in str(info.value)  # the base is the same
 
-    # an allowed change resumes
-    module = make_module(world, tokenizer, lr=1e-3)
+    # keys whose value Lightning restores from the checkpoint (the optimiser's param_groups, the LR scheduler's
+    # state, the KL controller) are refused even where a pattern allows them: the new value would not be used
+    for key, value, why in (("lr", 1e-3, "optimiser state"), ("weight_decay", 0.1, "optimiser state"),
+                            ("betas", (0.8, 0.99), "optimiser state"), ("warmup_steps", 1, "LR scheduler state"),
+                            ("kl_coef", 0.2, "KL controller state")):
+        module = make_module(world, tokenizer, **{key: value}, **({"total_steps": 9} if key == "warmup_steps" else {}))
+        trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(
+            dirpath=tmp_path / "ckpt", allowed_config_changes=["hparams.ppo.*"])])
+        with pytest.raises(ValueError, match=rf"config hparams.ppo.{key}: .* \(allowed by 'hparams.ppo.\*', but "
+                                             rf"restored from the checkpoint's {why}.*would not take effect"):
+            trainer.fit(module, datamodule=data, ckpt_path="last")
+
+    # an allowed change that the run does use resumes, with the new value
+    module = make_module(world, tokenizer, entropy_coef=0.01)
     trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(
-        dirpath=tmp_path / "ckpt", allowed_config_changes=["hparams.ppo.lr"])])
+        dirpath=tmp_path / "ckpt", allowed_config_changes=["hparams.ppo.entropy_coef"])])
     trainer.fit(module, datamodule=data, ckpt_path="last")
-    assert module.rollouts_done == 2
+    assert module.rollouts_done == 2 and module.config.entropy_coef == 0.01
 
 
 def test_refusals_name_where_the_frozen_parts_were_loaded_from(world, tokenizer):

@@ -7,7 +7,10 @@ position; the module's ``on_save_checkpoint`` adds the KL controller and ``rollo
 what is missing and makes the write safe:
 
 - **When**: after a Trainer batch, i.e. after a whole rollout and its update epochs (never mid-update), every
-  ``every_n_rollouts`` rollouts. File ``rollout=000012.ckpt``; the last ``keep_last_k`` are kept.
+  ``every_n_rollouts`` rollouts, and after the batch that ends training (``save_at_end``). A module without
+  ``rollouts_done`` (SFT, RM, DPO) counts Trainer batches, and a save falls due only at a batch that ended with
+  an optimiser step (never mid gradient accumulation: the accumulated gradients are in no checkpoint). File
+  ``rollout=000012.ckpt``; the last ``keep_last_k`` are kept.
 - **Frozen weights are not stored**: every parameter no optimiser updates (the frozen base under the adapters,
   the reward model) is dropped from ``state_dict``; what is stored instead is their identity, a SHA-256 per
   top-level part (``model``, ``reward_model``) and where they were loaded from. On resume the module loads them
@@ -24,29 +27,41 @@ what is missing and makes the write safe:
   renamed like a file.
 - **Config**: the module's hyperparameters, its reward calibration and the resolved run ``config`` (given by
   the CLI) are stored and compared on resume; a difference outside ``allowed_config_changes`` (fnmatch
-  patterns of dotted keys) is refused with the keys and both values.
-  Library versions are stored; a difference only warns.
-- **Atomic**: Lightning writes into a temporary file, which is fsynced and renamed over the target; ``last.ckpt``
-  is a symlink replaced (by rename) only after the new file is complete. A process killed mid-write leaves the
-  previous ``last`` intact; its leftover ``.*.partial`` files are removed at the next ``setup``.
-- **Loading**: with ``weights_only=True`` (the checkpoint holds tensors, numbers, strings, lists and dicts only).
+  patterns of dotted keys) is refused with the keys and both values. Keys that Lightning restores from the
+  checkpoint after the module is built (:data:`RESTORED_KEYS`: the optimiser's lr, weight decay, betas, eps; the
+  LR schedule's warmup, kind, total steps; the KL coefficient) are refused even where a pattern allows them: the
+  run would go on with the checkpoint's value whatever the config says. Library versions are stored; a
+  difference only warns.
+- **Atomic**: ``torch.save`` writes ``.<name>.<pid>.partial`` next to the target (no temporary file in
+  ``$TMPDIR``), which is fsynced and renamed over the target; ``last.ckpt`` is a symlink replaced (by rename)
+  only after the new file is complete. A process killed mid-write leaves the previous ``last`` intact; its
+  leftover ``.*.partial`` files are removed at the next ``setup``.
+- **Loading**: the file's integrity first (``checkpoint_io``: the zip's CRC-32s; a bad ``last`` falls back to the
+  newest intact ``rollout=*.ckpt``, an explicit bad path is refused), then with ``weights_only=True`` (the
+  checkpoint holds tensors, numbers, strings, lists and dicts only).
 """
 
 from __future__ import annotations
 
 import fnmatch
 import os
-import re
 import shutil
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lrlhf.callbacks.checkpoint_io import (
+    ROLLOUT_FILE,
+    _fsync,
+    _remove,
+    _VerifyingCheckpointIO,
+    checkpoint_problem,
+    fall_back,
+)
 from lrlhf.utils.io import recover_folder, swap_folder_in
 from lrlhf.utils.state import (
     flatten,
@@ -61,28 +76,40 @@ from lrlhf.utils.state import (
 META_KEY = "lrlhf"
 """Top-level checkpoint key of what this callback adds."""
 FORMAT_VERSION = 1
-_ROLLOUT_FILE = re.compile(r"^rollout=(\d+)\.ckpt$")
+
+_OPTIMISER = ("restored from the checkpoint's optimiser state (its param_groups, and the LR scheduler's base_lrs); "
+              "the change would not take effect")
+_SCHEDULER = ("restored from the checkpoint's LR scheduler state (its step, base and current learning rates; the "
+              "schedule's shape is rebuilt from the config only from the second resumed step on); the change would "
+              "not take effect as configured")
+#: Config keys, by their last dotted part, that a resume refuses to change even where ``allowed_config_changes``
+#: allows them: Lightning restores what they set from the checkpoint after the module is built (the optimiser's
+#: param_groups, the LR scheduler's state; the KL controller's beta), so the run would not use the new value.
+RESTORED_KEYS: dict[str, str] = {
+    **dict.fromkeys(("lr", "learning_rate", "weight_decay", "betas", "eps", "momentum"), _OPTIMISER),
+    **dict.fromkeys(("warmup_steps", "scheduler", "total_steps"), _SCHEDULER),
+    **dict.fromkeys(("kl_coef", "init_kl_coef"), "restored from the checkpoint's KL controller state; the change "
+                                                 "would not take effect"),
+}
 
 
-def _fsync(path: Path) -> None:
-    """fsync a file, or a folder's files and the folder itself (a sharded checkpoint)."""
-    if path.is_dir():
-        for child in path.rglob("*"):
-            if child.is_file():
-                _fsync(child)
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _remove(path: Path) -> None:
-    """Remove a checkpoint file or a sharded checkpoint folder (never follows a symlink)."""
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)
+def config_problems(old: dict, new: dict, allowed: tuple[str, ...] | list[str] = ()) -> list[str]:
+    """``"config <key>: checkpoint <a>, this run <b>"`` for each dotted key of the nested dicts ``old`` (the
+    checkpoint's) and ``new`` whose values differ, except keys matching an fnmatch pattern of ``allowed`` -- unless
+    the key is one of :data:`RESTORED_KEYS`: then the line also names the pattern and why it is refused."""
+    old, new = flatten(old), flatten(new)
+    problems = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key, "<absent>"), new.get(key, "<absent>")
+        if a == b:
+            continue
+        pattern = next((p for p in allowed if fnmatch.fnmatchcase(key, p)), None)
+        reason = RESTORED_KEYS.get(key.rsplit(".", 1)[-1])
+        if pattern is None:
+            problems.append(f"config {key}: checkpoint {a!r}, this run {b!r}")
+        elif reason is not None:
+            problems.append(f"config {key}: checkpoint {a!r}, this run {b!r} (allowed by {pattern!r}, but {reason})")
+    return problems
 
 
 def is_sharded(trainer: pl.Trainer) -> bool:
@@ -140,40 +167,21 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-class _VerifyingCheckpointIO(CheckpointIO):
-    """Wraps the strategy's checkpoint IO: loads with ``weights_only=True`` and lets the callback refuse a
-    checkpoint before Lightning restores anything from it."""
-
-    def __init__(self, inner: CheckpointIO, callback: ResumableCheckpoint):
-        self.inner = inner
-        self.callback = callback
-
-    def save_checkpoint(self, checkpoint, path, storage_options=None):
-        return self.inner.save_checkpoint(checkpoint, path, storage_options)
-
-    def load_checkpoint(self, path, map_location=None, weights_only=None):
-        checkpoint = self.inner.load_checkpoint(path, map_location=map_location, weights_only=True)
-        self.callback.verify(checkpoint, path)
-        return checkpoint
-
-    def remove_checkpoint(self, path):
-        return self.inner.remove_checkpoint(path)
-
-    def teardown(self):
-        return self.inner.teardown()
-
-
 class ResumableCheckpoint(ModelCheckpoint):
     """Resumable checkpoints at rollout boundaries (see the module docstring).
 
     Args:
         dirpath: folder of the checkpoints; None = Lightning's default (``<log dir>/checkpoints``).
-        every_n_rollouts: save after every n-th rollout (Trainer batch).
+        every_n_rollouts: save after every n-th rollout (Trainer batch; for a module without ``rollouts_done``,
+            SFT / RM / DPO, a batch), at the end of the first batch from there that ended with an optimiser step
+            (never mid gradient accumulation).
         keep_last_k: rollout checkpoints kept (the one ``last.ckpt`` points to is never removed).
         config: the resolved run config (e.g. the Hydra config as a dict), stored and checked on resume.
         allowed_config_changes: fnmatch patterns of dotted config keys that may differ on resume (e.g.
             ``"trainer.max_steps"``); keys are ``hparams.<...>`` (the module's) and ``config.<...>``.
         verify_frozen: compare the digests of the frozen weights on resume (off only to skip hashing a huge base).
+        save_at_end: also save after the batch that ends training (``max_steps`` reached, or the last batch of
+            ``max_epochs``), so a finished run is resumable to train on.
     """
 
     CHECKPOINT_NAME_LAST = "last"
@@ -186,6 +194,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         config: dict | None = None,
         allowed_config_changes: tuple[str, ...] | list[str] = (),
         verify_frozen: bool = True,
+        save_at_end: bool = True,
     ):
         if every_n_rollouts < 1:
             raise ValueError(f"callbacks.checkpoint.every_n_rollouts must be >= 1, got {every_n_rollouts}")
@@ -197,6 +206,10 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.config = _plain(config or {})
         self.allowed_config_changes = tuple(allowed_config_changes)
         self.verify_frozen = verify_frozen
+        self.save_at_end = save_at_end
+        self.last_paths: set[str] = set()  # what ckpt_path="last" resolved to (a bad one falls back)
+        self._step_at_batch_start = -1
+        self._due = False
         self._pl_module: pl.LightningModule | None = None
         self._frozen_identity: dict | None = None
         self._next_rng: dict | None = None
@@ -226,6 +239,7 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     # -------------------------------------------------------------------------------------- the loop
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_at_batch_start = trainer.global_step
         if self._next_rng is not None:  # the state the previous rollout ended in (or the resumed one)
             set_rng_state(self._next_rng)
             self._next_rng = None
@@ -233,8 +247,14 @@ class ResumableCheckpoint(ModelCheckpoint):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._next_rng = rng_state()
         rollouts = self._rollouts(trainer, pl_module)
-        if rollouts > 0 and rollouts % self.every_n_rollouts == 0 and not trainer.sanity_checking:
+        if trainer.sanity_checking or rollouts <= 0:
+            return
+        self._due = self._due or rollouts % self.every_n_rollouts == 0
+        if trainer.global_step == self._step_at_batch_start:
+            return  # no optimiser step in this batch (gradient accumulation): the gradients are in no checkpoint
+        if self._due or (self.save_at_end and self._training_ends(trainer)):
             self.save(trainer, rollouts)
+            self._due = False
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         pass  # rollout boundaries only
@@ -247,6 +267,16 @@ class ResumableCheckpoint(ModelCheckpoint):
 
     def on_train_end(self, trainer, pl_module) -> None:
         pass
+
+    @staticmethod
+    def _training_ends(trainer: pl.Trainer) -> bool:
+        """Whether the batch that just ended is the last one of ``fit`` (``max_steps``, or ``max_epochs``' last)."""
+        if trainer.max_steps is not None and trainer.max_steps >= 0 and trainer.global_step >= trainer.max_steps:
+            return True
+        progress = trainer.fit_loop.epoch_loop.batch_progress
+        epoch_ends = progress.is_last_batch or progress.current.ready >= trainer.num_training_batches
+        max_epochs = trainer.max_epochs
+        return epoch_ends and max_epochs is not None and max_epochs >= 0 and trainer.current_epoch + 1 >= max_epochs
 
     @staticmethod
     def _rollouts(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int:
@@ -273,11 +303,23 @@ class ResumableCheckpoint(ModelCheckpoint):
         return path
 
     def _prune(self, dirpath: Path, keep: str) -> None:
-        files = sorted((int(m.group(1)), p) for p in dirpath.iterdir() if (m := _ROLLOUT_FILE.match(p.name)))
+        files = sorted((int(m.group(1)), p) for p in dirpath.iterdir() if (m := ROLLOUT_FILE.match(p.name)))
         self.saved = [p.name for _, p in files[-self.keep_last_k:]]
         for _, p in files[:-self.keep_last_k]:
             if p.name != keep:
                 _remove(p)
+
+    def _find_last_checkpoints(self, trainer: pl.Trainer) -> set[str]:
+        """What ``ckpt_path="last"`` resolves to, remembered so that the checkpoint IO may fall back from it when
+        it is corrupt or truncated. A ``last.ckpt`` pointing to a missing file (Lightning would skip it and train
+        from scratch) is replaced here by the newest intact rollout checkpoint, with a warning."""
+        found = set()
+        for path in super()._find_last_checkpoints(trainer):
+            if os.path.islink(path) and not os.path.exists(path):
+                path = fall_back(Path(path), checkpoint_problem(path))
+            found.add(path)
+        self.last_paths = {os.path.normpath(p) for p in found}
+        return found
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
         """Drop frozen weights, add identity, config, versions and RNG (on every checkpoint of this trainer).
@@ -334,14 +376,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         pl_module = self._pl_module
         if meta is None or pl_module is None:
             return
-        problems = []
-        old, new = flatten(meta["config"]), flatten(self._config(pl_module))
-        for key in sorted(set(old) | set(new)):
-            if old.get(key, "<absent>") != new.get(key, "<absent>") and not any(
-                fnmatch.fnmatchcase(key, pattern) for pattern in self.allowed_config_changes
-            ):
-                problems.append(f"config {key}: checkpoint {old.get(key, '<absent>')!r}, "
-                                f"this run {new.get(key, '<absent>')!r}")
+        problems = config_problems(meta["config"], self._config(pl_module), self.allowed_config_changes)
         # A sharded checkpoint's metadata has no state_dict: the strategy loaded the weights strictly (every key).
         expected = set(pl_module.state_dict()) if "state_dict" in checkpoint else set()
         stored = set(checkpoint.get("state_dict", ())) | set(meta["frozen_keys"])
