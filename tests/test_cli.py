@@ -13,7 +13,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
-from lrlhf import cli
+from lrlhf import cli, planning
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
@@ -74,7 +74,7 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
             dep.paths.run_dir = "."
         return dep
 
-    todo = cli.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
+    todo = planning.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
     needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"],
              "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"]}.get(recipe, ["sft", "rm"])
     assert [t[0] for t in todo] == needs
@@ -128,7 +128,7 @@ def test_bad_eval_values_fail_before_any_stage_is_built(override, message, tmp_p
         return dep
 
     with pytest.raises(ValueError, match=message):
-        cli.plan(cfg, [], compose_dep)  # run() plans (and so validates) before it builds anything
+        planning.plan(cfg, [], compose_dep)  # run() plans (and so validates) before it builds anything
     assert not (tmp_path / "worlds").exists() and not (tmp_path / "stages").exists()
 
 
@@ -223,6 +223,12 @@ def test_ppo_resumes_from_last(tmp_path):
     assert (run / "config.yaml").read_text() == config  # a refused resume leaves the folder's config as it was
     refused = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last", "data.batch_size=4", check=False)
     assert "config config.data.batch_size: checkpoint 8, this run 4" in refused.stdout + refused.stderr
+    # another seed needs other SFT and RM stages: refused before building them (#20 item 10: 193 s, then refused)
+    stages = sorted((tmp_path / "cache" / "stages").iterdir())
+    refused = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last", "seed=1", check=False)
+    assert refused.returncode == 1 and "config config.seed: checkpoint 0, this run 1" in refused.stderr
+    assert "nothing was built or trained" in refused.stderr and "Traceback" not in refused.stderr
+    assert sorted((tmp_path / "cache" / "stages").iterdir()) == stages
     out = _train(tmp_path, *common, "trainer.max_steps=8", "ckpt_path=last")
     assert "Restoring states from the checkpoint" in out.stdout + out.stderr
     finished = json.loads((run / "summary.json").read_text())

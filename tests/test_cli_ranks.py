@@ -15,7 +15,7 @@ import pytest
 import torch
 from hydra.types import RunMode
 
-from lrlhf import cli
+from lrlhf import cli, planning
 from lrlhf.utils import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,16 +186,31 @@ def test_several_launched_processes_need_one_run_folder(monkeypatch):
 def test_needed_stages_share_the_devices_and_strategy_but_not_the_length():
     overrides = ["strategy=fsdp2", "trainer=gpu", "trainer.devices=8", "trainer.num_nodes=2", "trainer.max_steps=3",
                  "trainer.strategy.reshard_after_forward=false", "data.batch_size=8", "seed=3"]
-    assert cli._shared_overrides(overrides) == [
+    assert planning._shared_overrides(overrides) == [
         "strategy=fsdp2", "trainer=gpu", "trainer.devices=8", "trainer.num_nodes=2",
         "trainer.strategy.reshard_after_forward=false", "seed=3"]
 
 
 def test_the_building_folder_is_named_alike_by_every_rank_and_apart_by_launches(tmp_path):
     target = tmp_path / "stages" / "sft-123"
-    a = cli._building_folder(target, tmp_path / "run")
-    assert a == cli._building_folder(target, tmp_path / "run" / ".." / "run") and a.parent == target.parent
-    assert a != cli._building_folder(target, tmp_path / "other") and a.name.startswith(".sft-123.")
+    a = planning._building_folder(target, tmp_path / "run")
+    assert a == planning._building_folder(target, tmp_path / "run" / ".." / "run") and a.parent == target.parent
+    assert a != planning._building_folder(target, tmp_path / "other") and a.name.startswith(".sft-123.")
+
+
+def test_a_build_whose_process_is_gone_is_removed_and_a_live_or_unknown_one_kept(tmp_path):
+    """#20 item 8: a launch killed while building a stage left ``.<stage>.<key>.building`` in the cache forever."""
+    target = tmp_path / "stages" / "sft-123"
+    dead, live, unknown = (planning._building_folder(target, tmp_path / name) for name in ("a", "b", "c"))
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()  # a pid that existed and is gone
+    for folder, pid in ((dead, child.pid), (live, os.getpid())):
+        planning.start_build(folder)
+        (folder / planning.OWNER_FILE).write_text(f"{socket.gethostname()}:{pid}\n")
+        (folder / "checkpoints").mkdir()
+    unknown.mkdir()  # no owner recorded: never removed on a guess
+    assert planning.remove_dead_builds([target]) == [dead]
+    assert not dead.exists() and live.is_dir() and unknown.is_dir()
 
 
 def test_other_ranks_plan_without_writing_as_rank_0_would_after_its_repair(tmp_path):
@@ -204,8 +219,8 @@ def test_other_ranks_plan_without_writing_as_rank_0_would_after_its_repair(tmp_p
     target = tmp_path / "stages" / "sft-1"
     old = target.with_name(".sft-1.old")
     old.mkdir(parents=True)
-    assert not cli._stage_done(target)  # no summary: not finished
+    assert not planning._stage_done(target)  # no summary: not finished
     (old / "summary.json").write_text("{}")
-    assert cli._stage_done(target) and not target.exists()  # read-only
-    cli.recover_folder(target)
-    assert cli._stage_done(target) and (target / "summary.json").is_file() and not old.exists()
+    assert planning._stage_done(target) and not target.exists()  # read-only
+    planning.recover_folder(target)
+    assert planning._stage_done(target) and (target / "summary.json").is_file() and not old.exists()

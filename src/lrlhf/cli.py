@@ -20,31 +20,31 @@ Outputs of every stage, under its run folder (``hydra.run.dir=...`` for the main
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import netrc
 import os
 import shutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lrlhf.utils.io import recover_folder
+from lrlhf.planning import (
+    OWNER_FILE,
+    RESUMABLE_CHANGES,
+    _building_folder,
+    check_data,
+    check_resume,
+    plan,
+    remove_dead_builds,
+    run_config,
+    start_build,
+)
+from lrlhf.utils.errors import InvariantError
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL_GROUPS = {"recipe": "recipes", "callbacks": "callbacks"}
-#: Override keys that dependency stages inherit from the main run.
-SHARED_KEYS = ("world", "model", "paths", "seed", "threads", "stage_overrides")
-#: Overrides of where and how a stage runs, which dependency stages inherit too: every process of a launch
-#: (``trainer.devices=N``, torchrun, srun) trains every stage, so they all run on the same devices and strategy.
-LAUNCH_KEYS = ("trainer", "strategy", "trainer.accelerator", "trainer.devices", "trainer.num_nodes",
-               "trainer.precision", "trainer.strategy")
-#: Keys that do not change what a stage computes (left out of its cache key).
-UNHASHED_KEYS = ("paths", "logger", "ckpt_path", "cache", "eval", "stage_overrides")
-
 
 # ------------------------------------------------------------------------------------------- setup
 def _wandb_offline() -> bool:
@@ -72,8 +72,11 @@ def register(root: Path = ROOT) -> None:
     """Register the resolvers and the top-level groups (``recipes/`` as ``recipe``, ``callbacks/``)."""
     from hydra.core.config_store import ConfigStore
 
+    from lrlhf.utils.console import recipes_help
+
     OmegaConf.register_new_resolver("lrlhf.wandb_offline", _wandb_offline, replace=True)
     OmegaConf.register_new_resolver("lrlhf.smollm2_dir", _smollm2_dir, replace=True)
+    OmegaConf.register_new_resolver("lrlhf.recipes_help", lambda: recipes_help(root / "recipes"), replace=True)
     store = ConfigStore.instance()
     for group, folder in TOP_LEVEL_GROUPS.items():
         for path in sorted((root / folder).glob("*.yaml")):
@@ -82,103 +85,6 @@ def register(root: Path = ROOT) -> None:
             except Exception as err:  # a YAML error must name the file
                 raise ValueError(f"{path}: not valid YAML: {err}") from err
             store.store(group=group, name=path.stem, node=node, package="_global_" if group == "recipe" else group)
-
-
-# ------------------------------------------------------------------------------------------ planning
-def world_dir(cfg: DictConfig) -> Path:
-    sizes = OmegaConf.to_container(cfg.world.sizes, resolve=True)
-    key = hashlib.sha256(json.dumps(sizes, sort_keys=True).encode()).hexdigest()[:10]
-    return Path(cfg.paths.cache_dir).expanduser() / "worlds" / f"seed{cfg.world.seed}-{key}"
-
-
-def _shared_overrides(overrides: list[str]) -> list[str]:
-    def key(override: str) -> str:
-        return override.lstrip("+~").split("=", 1)[0]
-
-    return [o for o in overrides if key(o).split(".", 1)[0] in SHARED_KEYS or key(o) in LAUNCH_KEYS
-            or key(o).startswith(("strategy.", "trainer.strategy."))]
-
-
-def stage_key(cfg: DictConfig) -> str:
-    """A hash of what a stage computes: its resolved config without paths, logger and the like."""
-    from lrlhf import __version__
-
-    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
-    text = json.dumps(content, sort_keys=True, default=str) + __version__
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path | None = None,
-         recover: bool = True) -> list:
-    """Fill in ``world.dir`` and ``deps`` of ``cfg`` (recursively for its needs) and validate every stage.
-
-    Returns the stages to run first, in order, as ``(recipe, cfg, out_dir)``; nothing is built here.
-    ``inside``: build the needs in this folder (``cache=false``) instead of the cache.
-    ``recover``: repair an interrupted swap of a cached stage (global rank 0 does; the other ranks of a launch
-    only read, and reach the same plan: a stage is done if its folder, or the copy a repair would restore, is).
-    """
-    with open_dict(cfg):
-        cfg.world.dir = str(world_dir(cfg))
-    todo = []
-    for name, recipe in cfg.needs.items():
-        extra = list(cfg.stage_overrides.get(name) or [])
-        dep = compose(recipe, _shared_overrides(overrides) + extra)
-        todo += [t for t in plan(dep, overrides, compose, inside, recover) if all(t[2] != u[2] for u in todo)]
-        with open_dict(dep):  # the run folder must not enter the key (callbacks interpolate it)
-            dep.paths.run_dir = "<stage folder>"
-        out_dir = (inside / name) if inside is not None else (
-            Path(cfg.paths.cache_dir).expanduser() / "stages" / f"{recipe}-{stage_key(dep)}"
-        )
-        with open_dict(dep):
-            dep.paths.run_dir = str(out_dir)
-        with open_dict(cfg):
-            cfg.deps[name] = str(out_dir)
-        if recover:
-            recover_folder(out_dir)  # a stage whose swap into the cache was interrupted
-        if not _stage_done(out_dir) and all(t[2] != out_dir for t in todo):
-            todo.append((recipe, dep, out_dir))
-    validate(cfg)
-    return todo
-
-
-def _stage_done(out_dir: Path) -> bool:
-    """``out_dir`` holds a finished stage, or will once :func:`recover_folder` runs (read-only; the old copy is
-    looked at first: a concurrent repair moves it to ``out_dir`` or removes it only when ``out_dir`` is complete)."""
-    return (out_dir.with_name(f".{out_dir.name}.old") / "summary.json").is_file() or (
-        out_dir / "summary.json").is_file()
-
-
-def validate(cfg: DictConfig) -> None:
-    """Build every ``_target_`` config node under ``module`` that is a plain config (cheap, no model loaded),
-    so a bad value fails now, naming its key, rather than after minutes of work."""
-    from hydra.utils import get_class, instantiate
-
-    def visit(node, where: str) -> None:
-        if not isinstance(node, DictConfig):
-            return
-        target = node.get("_target_")
-        if target is not None:
-            cls = get_class(target)
-            if getattr(cls, "__dataclass_fields__", None) is not None:
-                try:
-                    instantiate(node, _convert_="all")
-                except Exception as err:
-                    raise ValueError(f"{where}: {_root_cause(err)}") from err
-                return
-        for key in node:
-            visit(node._get_node(key), f"{where}.{key}")
-
-    visit(cfg.module, "module")
-    if cfg.stage == "eval":
-        from lrlhf.eval.harness import check_eval_config
-
-        check_eval_config(cfg.eval)
-
-
-def _root_cause(err: BaseException) -> BaseException:
-    while err.__cause__ is not None:
-        err = err.__cause__
-    return err
 
 
 # -------------------------------------------------------------------------------------------- stages
@@ -191,24 +97,19 @@ def _model_config(cfg: DictConfig):
     raise ValueError("the recipe's module has neither `model` nor `policy`")
 
 
-#: Run-config keys a resume may change (how long to train, the callbacks' settings, threads): every other key of
-#: the resolved config (less UNHASHED_KEYS) must be the checkpoint's, or ResumableCheckpoint refuses the resume.
-RESUMABLE_CHANGES = ("config.trainer.max_steps", "config.trainer.max_epochs", "config.trainer.limit_train_batches",
-                     "config.callbacks.*", "config.threads")
-
-
 def _trainer(cfg: DictConfig, out_dir: Path):
     from hydra.utils import instantiate
 
-    from lrlhf.callbacks import ResumableCheckpoint
+    from lrlhf.callbacks import ResumableCheckpoint, console_callbacks
 
     logger = instantiate(cfg.logger) if cfg.get("logger") else False
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c]
-    run_config = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
+    stored = run_config(cfg)
     for callback in callbacks:  # the run config is stored with every checkpoint and checked on resume
         if isinstance(callback, ResumableCheckpoint) and not callback.config:
-            callback.config = run_config
+            callback.config = stored
             callback.allowed_config_changes = (*callback.allowed_config_changes, *RESUMABLE_CHANGES)
+    callbacks += console_callbacks(cfg, callbacks)  # progress in rollouts / steps, a clean stop on SIGTERM / SIGINT
     trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(out_dir))
     if logger:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -340,12 +241,42 @@ def _one_process() -> bool:
     return False
 
 
+def _export(export, out_dir: Path):
+    """``export(folder)`` into a temporary folder inside ``out_dir``, then each folder it wrote moved into
+    ``out_dir`` by rename (:func:`lrlhf.utils.io.swap_folder_in`): a run killed while exporting leaves the
+    previous export (or none), never half of one. Returns ``export``'s result with its paths in ``out_dir``."""
+    import tempfile
+
+    from lrlhf.utils.io import swap_folder_in
+
+    for stale in out_dir.glob(".export-*.tmp"):  # left by a run killed while exporting
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".export-", suffix=".tmp"))
+    try:
+        result = export(tmp)
+        for written in sorted(tmp.iterdir()):
+            swap_folder_in(written, out_dir / written.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def moved(value):
+        if isinstance(value, Path):
+            return out_dir / value.relative_to(tmp)
+        if isinstance(value, dict):
+            return {k: moved(v) for k, v in value.items()}
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return type(value)(*(moved(v) for v in value))
+        return value
+
+    return moved(result)
+
+
 def _finish_sft(cfg, module, data, trainer, out_dir: Path) -> dict:
     summary = {"train/loss": _metric(trainer, "train/loss"), "val/loss": _metric(trainer, "val/loss")}
     module = _whole(cfg, module, trainer)
     if module is None:  # another rank than 0: rank 0 exports
         return summary
-    paths = module.export(out_dir)
+    paths = _export(module.export, out_dir)
     return {**summary, "export": str(paths.merged), "adapter": str(paths.adapter) if paths.adapter else None}
 
 
@@ -367,7 +298,7 @@ def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
                            default_root_dir=str(out_dir))
     metrics = evaluator.validate(module, dataloaders=data.test_dataloader(), verbose=False)[0]
     calibration = compute_calibration(module, data.test_dataloader(), reference="held-out preference completions")
-    export = module.export(out_dir / "model")
+    export = _export(lambda d: module.export(d / "model"), out_dir)
     return {"test/accuracy": metrics["val/accuracy"], "test/auroc": metrics["val/auroc"],
             "test/ece": metrics["val/ece"], "calibration": {"mean": calibration.mean, "std": calibration.std},
             "export": str(export)}
@@ -383,7 +314,7 @@ def _finish_ppo(cfg, module, data, trainer, out_dir: Path) -> dict:
     module = _whole(cfg, module, trainer)
     if module is None:
         return summary
-    paths = module.export(out_dir / "export")
+    paths = _export(lambda d: module.export(d / "export"), out_dir)
     summary.update(export=str(paths["merged"]), adapter=str(paths["adapter"]))
     if cfg.get("eval"):
         estimator = module.config.advantage_estimator
@@ -467,7 +398,7 @@ def _finish_dpo(cfg, module, data, trainer, out_dir: Path) -> dict:
     module = _whole(cfg, module, trainer)
     if module is None:
         return summary
-    paths = module.export(out_dir / "export")
+    paths = _export(lambda d: module.export(d / "export"), out_dir)
     summary.update(export=str(paths.merged), adapter=str(paths.adapter))
     if cfg.get("eval"):
         summary.update(_compare_with_sft(cfg, module, name="dpo"))
@@ -533,23 +464,33 @@ def run(cfg: DictConfig) -> dict:
         return compose(config_name="train", overrides=[f"recipe={recipe}", *shared])
 
     todo = plan(cfg, overrides, compose_recipe, inside=None if cfg.cache else run_dir / "stages", recover=zero)
+    check_resume(cfg)  # a refused resume must not build the stages first
+    if zero:
+        for stale in remove_dead_builds([out_dir for _, _, out_dir in todo]):
+            print(f"removed {stale}: a stage build whose process is gone")
     if zero and cfg.get("logger") and "WandbLogger" in str(cfg.logger.get("_target_")) and cfg.logger.offline:
         print("W&B: no API key, logging offline; upload later with `wandb sync` on the run's wandb/ folder")
     world = Path(cfg.world.dir)
+    steps = len(todo) + 1 + (not (world / "world.json").is_file())  # the console's numbered story
+    number = iter(range(1, steps + 1))
     if not (world / "world.json").is_file():
         if zero:
-            print(f"building the toy world in {world}")
+            print(f"[{next(number)}/{steps}] building the toy world in {world}")
             sizes = WorldSizes(**OmegaConf.to_container(cfg.world.sizes, resolve=True))
             atomic_save_folder(world, lambda tmp: build_world(tmp, seed=cfg.world.seed, sizes=sizes))
         else:  # torchrun / srun start every rank at once; no process group exists yet to wait on
             wait_for_file(world / "world.json")
+    if zero:  # every data file is read once before any stage is built (a bad one must not cost a build first)
+        check_data([(f"the `{recipe}` stage this recipe needs: ", dep) for recipe, dep, _ in todo] + [("", cfg)],
+                   pending=[out_dir for _, _, out_dir in todo])
     for recipe, dep, out_dir in todo:
         # every rank trains the stage, in one folder they all name alike (sharded checkpoints are written there)
         building = _building_folder(out_dir, run_dir)
         if zero:
-            print(f"building the `{recipe}` stage this recipe needs, in {out_dir}")
+            print(f"[{next(number)}/{steps}] building the `{recipe}` stage this recipe needs, in {out_dir}")
             if building.exists():  # left by an interrupted launch with this run folder
                 shutil.rmtree(building)
+            start_build(building)
         with open_dict(dep):
             dep.logger = None
         try:
@@ -559,8 +500,11 @@ def run(cfg: DictConfig) -> dict:
                 shutil.rmtree(building, ignore_errors=True)
             raise
         if zero:
+            (building / OWNER_FILE).unlink(missing_ok=True)
             swap_folder_in(building, out_dir)
         barrier()  # the next stage reads this one's export
+    if zero:
+        print(f"[{next(number)}/{steps}] the `{cfg.stage}` stage, in {run_dir}")
     summary = run_stage(cfg, run_dir)
     if zero:
         print_summary(summary)
@@ -581,14 +525,6 @@ def _close_process_group() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         barrier()
         torch.distributed.destroy_process_group()
-
-
-def _building_folder(target: Path, run_dir: Path) -> Path:
-    """Where a needed stage is built before it is swapped into ``target``: next to it (one file system, so the
-    swap is a rename), named alike by every rank of a launch (they share the run folder) and differently by
-    concurrent launches (another run folder)."""
-    key = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
-    return target.with_name(f".{target.name}.{key}.building")
 
 
 def _check_shared_run_dir(hydra_cfg) -> None:
@@ -612,12 +548,45 @@ def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:
     return cfg
 
 
+#: What a user's input can get wrong (a config value, a data file, a model folder, a refused resume) and the run-time
+#: invariant checks: reported as one message, the traceback only with HYDRA_FULL_ERROR=1 or LRLHF_DEBUG=1.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, InvariantError)
+
+
+def _task(cfg: DictConfig) -> dict:
+    """:func:`run` as Hydra's task: an error of :data:`USER_ERRORS` ends the run with its message alone on stderr
+    (``lrlhf: error: ...``, exit status 1); any other exception keeps its traceback (a bug to report)."""
+    try:
+        return run(cfg)
+    except USER_ERRORS as err:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("LRLHF_DEBUG") == "1":
+            raise
+        print(f"lrlhf: error: {err}\n(the traceback: rerun with LRLHF_DEBUG=1)", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
 def main(argv: list[str] | None = None) -> None:
+    """``--verbose`` (or ``LRLHF_VERBOSE=1``) shows everything (:mod:`lrlhf.utils.console`); a run stopped by
+    SIGTERM / SIGINT (:class:`~lrlhf.callbacks.StopOnSignal`) ends with the command that resumes it."""
     import hydra
+
+    from lrlhf.utils.console import setup_console, verbose_requested
 
     if not (ROOT / "configs" / "train.yaml").is_file():
         raise SystemExit(f"lrlhf: no configs/train.yaml under {ROOT}; run from a checkout (pip install -e .)")
+    verbose, args = verbose_requested(list(sys.argv[1:] if argv is None else argv))
+    setup_console(verbose, wandb_offline=_wandb_offline())
     register()
-    if argv is not None:
-        sys.argv = [sys.argv[0], *argv]
-    hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")(run)()
+    sys.argv = [sys.argv[0], *args]
+    try:
+        hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")(_task)()
+    except SystemExit as stop:
+        stopping = sys.modules.get("lrlhf.callbacks.stop")  # loaded by every run that trains
+        if stopping is not None and isinstance(stop, stopping.TrainingStopped):
+            _close_process_group()  # every rank stopped at the same boundary; none may exit with the group open
+            if stop.global_zero:
+                print(stop.message(args), flush=True)
+        raise
+    except KeyboardInterrupt:
+        print("\nlrlhf: interrupted (Ctrl+C)", file=sys.stderr, flush=True)
+        raise SystemExit(130) from None

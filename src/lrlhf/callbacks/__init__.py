@@ -1,4 +1,5 @@
-"""Callbacks that observe and decide: KL coefficient, early stopping on held-out utility, resumable checkpoints.
+"""Callbacks that observe and decide: KL coefficient, early stopping on held-out utility, resumable checkpoints;
+and the console's: progress in rollouts or steps, a clean stop on SIGTERM / SIGINT (``console_callbacks``).
 
 Each takes plain keyword arguments, so a Hydra ``callbacks/<name>.yaml`` with a ``_target_`` builds it.
 """
@@ -8,12 +9,18 @@ from lrlhf.callbacks.csv_logger import ResumableCSVLogger
 from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
 from lrlhf.callbacks.goodhart import plot_goodhart
 from lrlhf.callbacks.kl_control import KLControlCallback
+from lrlhf.callbacks.progress import RunProgressBar, console_callbacks
+from lrlhf.callbacks.stop import StopOnSignal, TrainingStopped
 
 __all__ = [
     "HeldOutUtilityEarlyStopping",
     "KLControlCallback",
     "ResumableCSVLogger",
     "ResumableCheckpoint",
+    "RunProgressBar",
+    "StopOnSignal",
+    "TrainingStopped",
     "atomic_save_checkpoint",
+    "console_callbacks",
     "plot_goodhart",
 ]

@@ -1,0 +1,293 @@
+"""Planning a run before any work: which stages it needs (and where the cache keeps them), and every check that
+can fail cheaply, so a bad input stops the run before minutes of building.
+
+- :func:`plan`: the needed stages, recursively, with their cache folders (``<cache_dir>/stages/<recipe>-<hash>``,
+  or inside the run folder with ``cache=false``), and every module config node built (:func:`validate`).
+- :func:`check_data`: every local data file a stage will read (its ``data.train|val|test`` and the held-out
+  prompts of its callbacks) is read as the records its datamodule expects; an error names the key, the file and
+  the line.
+- :func:`check_resume`: with ``ckpt_path`` set, the checkpoint's stored run config is compared with this run's
+  before any needed stage is built (a resume with another ``seed`` would otherwise rebuild stages first).
+- :func:`remove_dead_builds`: stage folders left half-built by a killed launch (their owner process is gone).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+from collections.abc import Callable
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from lrlhf.utils.io import recover_folder
+
+#: Override keys that dependency stages inherit from the main run.
+SHARED_KEYS = ("world", "model", "paths", "seed", "threads", "stage_overrides")
+#: Overrides of where and how a stage runs, which dependency stages inherit too: every process of a launch
+#: (``trainer.devices=N``, torchrun, srun) trains every stage, so they all run on the same devices and strategy.
+LAUNCH_KEYS = ("trainer", "strategy", "trainer.accelerator", "trainer.devices", "trainer.num_nodes",
+               "trainer.precision", "trainer.strategy")
+#: Keys that do not change what a stage computes (left out of its cache key and of the resume check).
+UNHASHED_KEYS = ("paths", "logger", "ckpt_path", "cache", "eval", "stage_overrides")
+#: Run-config keys a resume may change (how long to train, the callbacks' settings, threads): every other key of
+#: the resolved config (less UNHASHED_KEYS) must be the checkpoint's, or the resume is refused.
+RESUMABLE_CHANGES = ("config.trainer.max_steps", "config.trainer.max_epochs", "config.trainer.limit_train_batches",
+                     "config.callbacks.*", "config.threads")
+#: The file in a building stage folder naming the process that builds it (``host:pid``).
+OWNER_FILE = ".owner"
+
+
+def world_dir(cfg: DictConfig) -> Path:
+    sizes = OmegaConf.to_container(cfg.world.sizes, resolve=True)
+    key = hashlib.sha256(json.dumps(sizes, sort_keys=True).encode()).hexdigest()[:10]
+    return Path(cfg.paths.cache_dir).expanduser() / "worlds" / f"seed{cfg.world.seed}-{key}"
+
+
+def _shared_overrides(overrides: list[str]) -> list[str]:
+    def key(override: str) -> str:
+        return override.lstrip("+~").split("=", 1)[0]
+
+    return [o for o in overrides if key(o).split(".", 1)[0] in SHARED_KEYS or key(o) in LAUNCH_KEYS
+            or key(o).startswith(("strategy.", "trainer.strategy."))]
+
+
+def stage_key(cfg: DictConfig) -> str:
+    """A hash of what a stage computes: its resolved config without paths, logger and the like."""
+    from lrlhf import __version__
+
+    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
+    text = json.dumps(content, sort_keys=True, default=str) + __version__
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path | None = None,
+         recover: bool = True) -> list:
+    """Fill in ``world.dir`` and ``deps`` of ``cfg`` (recursively for its needs) and validate every stage.
+
+    Returns the stages to run first, in order, as ``(recipe, cfg, out_dir)``; nothing is built here.
+    ``inside``: build the needs in this folder (``cache=false``) instead of the cache.
+    ``recover``: repair an interrupted swap of a cached stage (global rank 0 does; the other ranks of a launch
+    only read, and reach the same plan: a stage is done if its folder, or the copy a repair would restore, is).
+    """
+    with open_dict(cfg):
+        cfg.world.dir = str(world_dir(cfg))
+    todo = []
+    for name, recipe in cfg.needs.items():
+        extra = list(cfg.stage_overrides.get(name) or [])
+        dep = compose(recipe, _shared_overrides(overrides) + extra)
+        todo += [t for t in plan(dep, overrides, compose, inside, recover) if all(t[2] != u[2] for u in todo)]
+        with open_dict(dep):  # the run folder must not enter the key (callbacks interpolate it)
+            dep.paths.run_dir = "<stage folder>"
+        out_dir = (inside / name) if inside is not None else (
+            Path(cfg.paths.cache_dir).expanduser() / "stages" / f"{recipe}-{stage_key(dep)}"
+        )
+        with open_dict(dep):
+            dep.paths.run_dir = str(out_dir)
+        with open_dict(cfg):
+            cfg.deps[name] = str(out_dir)
+        if recover:
+            recover_folder(out_dir)  # a stage whose swap into the cache was interrupted
+        if not _stage_done(out_dir) and all(t[2] != out_dir for t in todo):
+            todo.append((recipe, dep, out_dir))
+    validate(cfg)
+    return todo
+
+
+def _stage_done(out_dir: Path) -> bool:
+    """``out_dir`` holds a finished stage, or will once :func:`recover_folder` runs (read-only; the old copy is
+    looked at first: a concurrent repair moves it to ``out_dir`` or removes it only when ``out_dir`` is complete)."""
+    return (out_dir.with_name(f".{out_dir.name}.old") / "summary.json").is_file() or (
+        out_dir / "summary.json").is_file()
+
+
+def validate(cfg: DictConfig) -> None:
+    """Build every ``_target_`` config node under ``module`` that is a plain config (cheap, no model loaded),
+    so a bad value fails now, naming its key, rather than after minutes of work."""
+    from hydra.utils import get_class, instantiate
+
+    def visit(node, where: str) -> None:
+        if not isinstance(node, DictConfig):
+            return
+        target = node.get("_target_")
+        if target is not None:
+            cls = get_class(target)
+            if getattr(cls, "__dataclass_fields__", None) is not None:
+                try:
+                    instantiate(node, _convert_="all")
+                except Exception as err:
+                    raise ValueError(f"{where}: {_root_cause(err)}") from err
+                return
+        for key in node:
+            visit(node._get_node(key), f"{where}.{key}")
+
+    visit(cfg.module, "module")
+    if cfg.stage == "eval":
+        from lrlhf.eval.harness import check_eval_config
+
+        check_eval_config(cfg.eval)
+
+
+def _root_cause(err: BaseException) -> BaseException:
+    while err.__cause__ is not None:
+        err = err.__cause__
+    return err
+
+
+def _building_folder(target: Path, run_dir: Path) -> Path:
+    """Where a needed stage is built before it is swapped into ``target``: next to it (one file system, so the
+    swap is a rename), named alike by every rank of a launch (they share the run folder) and differently by
+    concurrent launches (another run folder)."""
+    key = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return target.with_name(f".{target.name}.{key}.building")
+
+
+def start_build(folder: Path) -> None:
+    """Create the building folder of a stage and name its owner (this host and process) in it, so that a later
+    launch can tell a build killed midway (owner gone: :func:`remove_dead_builds`) from one still running."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / OWNER_FILE).write_text(f"{socket.gethostname()}:{os.getpid()}\n")
+
+
+def _owner_alive(folder: Path) -> bool:
+    """False only when the folder's owner ran on this host and no longer exists (unknown owners count as alive:
+    another host, or a folder written before owners were recorded, is never removed on a guess)."""
+    try:
+        host, pid = (folder / OWNER_FILE).read_text().strip().rsplit(":", 1)
+        pid = int(pid)
+    except (OSError, ValueError):
+        return True
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, another user's
+        return True
+    return True
+
+
+def remove_dead_builds(folders: list[Path]) -> list[Path]:
+    """Remove the ``.<stage>.<key>.building`` folders next to each of ``folders`` whose owner process is gone (a
+    launch killed while building a stage); returns what was removed."""
+    removed = []
+    for parent in sorted({Path(f).parent for f in folders}):
+        if not parent.is_dir():
+            continue
+        for stale in parent.glob(".*.building"):
+            if stale.is_dir() and not _owner_alive(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+                removed.append(stale)
+    return removed
+
+
+# ------------------------------------------------------------------------------------ pre-build checks
+def run_config(cfg: DictConfig) -> dict:
+    """The resolved run config a checkpoint stores and a resume must match (less :data:`UNHASHED_KEYS`)."""
+    return {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
+
+
+def config_differences(old: dict, new: dict, allowed: tuple[str, ...] | list[str]) -> list[str]:
+    """``"<key>: checkpoint <a>, this run <b>"`` for each dotted key of the nested dicts ``old`` and ``new`` whose
+    values differ outside ``allowed`` (fnmatch patterns), and for the keys the restored optimiser state would
+    override even where allowed (the checkpoint's own rule: :func:`lrlhf.callbacks.checkpoint.config_problems`)."""
+    from lrlhf.callbacks.checkpoint import config_problems
+
+    return [p.removeprefix("config ") for p in config_problems(old, new, allowed)]
+
+
+def _checkpoint_file(cfg: DictConfig) -> tuple[Path | None, DictConfig | None]:
+    """The checkpoint file ``ckpt_path`` names and the callback config that writes it (a ResumableCheckpoint's);
+    ``(None, None)`` when there is none to look at before training (no such file, a sharded folder, other
+    checkpoint kinds)."""
+    ckpt = cfg.get("ckpt_path")
+    callback = next((c for c in (cfg.get("callbacks") or {}).values()
+                     if c and str(c.get("_target_", "")).endswith("ResumableCheckpoint")), None)
+    if ckpt is None or callback is None:
+        return None, None
+    if ckpt == "last":
+        if not callback.get("dirpath"):
+            return None, None
+        path = Path(callback.dirpath) / "last.ckpt"
+    else:
+        path = Path(ckpt)
+    return (path, callback) if path.is_file() else (None, None)
+
+
+def check_resume(cfg: DictConfig) -> None:
+    """With ``ckpt_path`` set, refuse now (before any needed stage is built) a resume whose run config differs
+    from the checkpoint's outside the allowed changes. The full check (module hyperparameters, weights, frozen
+    digests) still runs when training loads the checkpoint; this one only looks at the stored run config."""
+    import torch
+
+    from lrlhf.callbacks.checkpoint import META_KEY, _plain
+
+    path, callback = _checkpoint_file(cfg)
+    if path is None:
+        return
+    try:
+        stored = torch.load(path, map_location="cpu", weights_only=True, mmap=True).get(META_KEY) or {}
+    except Exception:  # unreadable: the loader's own integrity check reports it (and may fall back)
+        return
+    old = (stored.get("config") or {}).get("config")
+    if not old:  # written without a run config (not by the CLI)
+        return
+    allowed = (*RESUMABLE_CHANGES, *(callback.get("allowed_config_changes") or ()))
+    problems = config_differences({"config": old}, {"config": _plain(run_config(cfg))}, allowed)
+    if problems:
+        raise ValueError(f"cannot resume from {path} (ckpt_path={cfg.ckpt_path}): the run config differs, nothing "
+                         "was built or trained:\n  config " + "\n  config ".join(problems))
+
+
+def _local_file(source) -> Path | None:
+    from lrlhf.data.sources import _has_local_suffix
+
+    if not isinstance(source, str):
+        return None
+    path = Path(source)
+    return path if _has_local_suffix(path) else None
+
+
+def check_data(stages: list[tuple[str, DictConfig]], pending: list[Path] = ()) -> None:
+    """Read every local data file of ``stages`` (``(label, cfg)``: ``data.train|val|test`` as the records the
+    datamodule expects, and the ``prompts`` of its callbacks) and raise on the first bad one, naming the stage,
+    the key, the file and the line. Files under ``pending`` folders (stages not built yet) and hub datasets
+    are left to the stage itself."""
+    from hydra.utils import get_class
+
+    from lrlhf.data.formats import load_records
+
+    def check(label: str, key: str, source, kind, **kwargs) -> None:
+        path = _local_file(source)
+        if path is None or any(path.is_relative_to(p) for p in pending):
+            return
+        try:
+            load_records(str(path), kind, verbose=False, **kwargs)
+        except (ValueError, OSError) as err:
+            raise _renamed(err, f"{label}{key}: {err}") from err
+
+    for label, cfg in stages:
+        data = cfg.get("data")
+        if isinstance(data, DictConfig) and data.get("_target_"):
+            kind = getattr(get_class(data._target_), "record_kind", None)
+            if kind:
+                extra = data.get("load_kwargs")
+                extra = OmegaConf.to_container(extra, resolve=True) if isinstance(extra, DictConfig) else {}
+                kwargs = dict(format=data.get("format") or "auto", **extra)
+                for split in ("train", "val", "test"):
+                    check(label, f"data.{split}", data.get(split), kind, **kwargs)
+        for name, callback in (cfg.get("callbacks") or {}).items():
+            if callback and isinstance(callback.get("prompts"), str):
+                check(label, f"callbacks.{name}.prompts", callback.prompts, "prompt")
+
+
+def _renamed(err: Exception, message: str) -> Exception:
+    """``err``'s type with ``message`` (a ValueError where that type cannot be built from one message)."""
+    try:
+        return type(err)(message)
+    except TypeError:
+        return ValueError(message)

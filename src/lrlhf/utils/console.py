@@ -1,0 +1,169 @@
+"""What a run prints: our own lines, progress and warnings; third-party noise a user cannot act on is dropped.
+
+:func:`setup_console` (called by ``lrlhf.cli.main`` before anything heavy is imported) filters, each by message
+and by the module that emits it, never by category alone:
+
+- Python warnings (:data:`NOISE_WARNINGS`): deprecations inside Lightning and transformers, Lightning's remarks
+  on states we chose (a frozen reward model in eval mode, prompts with no validation step);
+- log records (:data:`NOISE_LOGS`): Lightning's adverts ("Tip: ... litlogger / litmodels"), "`Trainer.fit`
+  stopped: ..." (the progress bar shows where a stage ended), "GPU/TPU available: False", bitsandbytes' note on
+  an optional CPU kernel;
+- transformers' per-file progress bars ("Loading weights", "Writing model shards"; ``HF_HUB_DISABLE_PROGRESS_BARS``)
+  and W&B's banner (``WANDB_SILENT`` offline, where the CLI says how to upload; ``WANDB_QUIET`` online, which
+  keeps the run's URL). An environment variable the user set is left as it is.
+
+Our own warnings are printed as ``warning: <message>`` (no file, line and source line); warnings and Lightning's log
+lines are written above a progress bar (``tqdm.write``), not into it.
+
+Verbose (``python train.py ... --verbose``, or ``LRLHF_VERBOSE=1``): nothing is filtered or reformatted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+import warnings
+from pathlib import Path
+
+VERBOSE_ENV = "LRLHF_VERBOSE"
+VERBOSE_FLAGS = ("--verbose",)
+
+#: (message regex, matched at the start; category; emitting module regex): third-party warnings with nothing to act on.
+NOISE_WARNINGS = (
+    # torch deprecated LeafSpec; Lightning's pytree helper still uses it
+    (r"`isinstance\(treespec, LeafSpec\)` is deprecated", Warning, r"lightning\.pytorch\.utilities\._pytree"),
+    # peft reads the deprecated alias (transformers 5 renamed it is_activation_checkpointing)
+    (r"`is_gradient_checkpointing` is deprecated", FutureWarning, r"transformers\.modeling_utils"),
+    # PPO has no validation step; PromptDataModule shares ChatDataModule's (empty without a val source) loaders
+    (r"You passed in a `val_dataloader` but have no `validation_step`", UserWarning, r"lightning\.pytorch\."),
+    # the frozen parts (reward model, reference) are in eval mode on purpose
+    (r"Found \d+ module\(s\) in eval mode at the start of training", Warning, r"lightning\.pytorch\."),
+)
+#: logger name: regexes of messages dropped (matched at the start of the message).
+NOISE_LOGS = {
+    "lightning.pytorch.utilities.rank_zero": (r"💡 Tip:", r"`Trainer\.fit` stopped: ",
+                                              r"GPU available: False", r"TPU available: False"),
+    "lightning.fabric.utilities.rank_zero": (r"💡 Tip:",),
+    "bitsandbytes": (r"Failed to load CPU gemm_4bit_forward",),
+    "bitsandbytes.backends.cpu.ops": (r"Failed to load CPU gemm_4bit_forward",),
+}
+_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
+def verbose_requested(argv: list[str]) -> tuple[bool, list[str]]:
+    """Whether ``argv`` or ``LRLHF_VERBOSE`` asks for everything; ``argv`` without the flag."""
+    rest = [a for a in argv if a not in VERBOSE_FLAGS]
+    env = os.environ.get(VERBOSE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+    return env or len(rest) != len(argv), rest
+
+
+class _DropMessages(logging.Filter):
+    def __init__(self, patterns: tuple[str, ...]):
+        super().__init__()
+        self.pattern = re.compile("|".join(f"(?:{p})" for p in patterns))
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.pattern.match(record.getMessage()) is None
+
+
+_original_formatwarning = warnings.formatwarning
+
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    if str(filename).startswith(_PACKAGE):  # ours: the message says what to do; the source line does not
+        return f"warning: {message}\n"
+    return _original_formatwarning(message, category, filename, lineno, line)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """``warnings.showwarning`` through ``tqdm.write``: above a progress bar, not into it."""
+    from tqdm import tqdm
+
+    stream = file if file is not None else sys.stderr
+    try:
+        tqdm.write(warnings.formatwarning(message, category, filename, lineno, line).rstrip("\n"), file=stream)
+    except OSError:
+        pass  # as warnings.showwarning: a closed or invalid stream loses the warning
+
+
+def setup_console(verbose: bool = False, wandb_offline: bool | None = None) -> None:
+    """Install the filters above (nothing when ``verbose``); idempotent. Call before transformers, huggingface_hub
+    or wandb are imported (their switches are read at import or at ``wandb.init``).
+
+    ``wandb_offline``: whether W&B will log offline (then its banner goes: the CLI says how to upload)."""
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"  # processes a launcher starts (Lightning's, one per device) inherit it
+        return
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if wandb_offline:
+        os.environ.setdefault("WANDB_SILENT", "true")
+    else:
+        os.environ.setdefault("WANDB_QUIET", "true")
+    for message, category, module in NOISE_WARNINGS:
+        warnings.filterwarnings("ignore", message=message, category=category, module=module)
+    for name, patterns in NOISE_LOGS.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMessages) for f in logger.filters):
+            logger.addFilter(_DropMessages(patterns))
+    warnings.formatwarning = _format_warning
+    warnings.showwarning = _show_warning
+
+
+def is_verbose() -> bool:
+    return verbose_requested([])[0]
+
+
+class TqdmHandler(logging.StreamHandler):
+    """A stream handler that writes through ``tqdm.write``: a log line printed while a progress bar is drawn
+    goes above the bar instead of into it."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+def route_logs_around_bars(name: str = "lightning.pytorch") -> None:
+    """Replace the plain stream handlers of logger ``name`` (Lightning installs one at import; our callbacks'
+    ``rank_zero_info`` lines go through it) with :class:`TqdmHandler`; idempotent."""
+    logger = logging.getLogger(name)
+    for handler in list(logger.handlers):
+        if type(handler) is logging.StreamHandler:
+            routed = TqdmHandler(handler.stream)
+            routed.setLevel(handler.level)
+            routed.setFormatter(handler.formatter)
+            for f in handler.filters:
+                routed.addFilter(f)
+            logger.removeHandler(handler)
+            logger.addHandler(routed)
+
+
+# ---------------------------------------------------------------------------------------------- --help
+_SENTENCE_END = re.compile(r";\s|:\s|\.\s+(?=[A-Z])|\.$")
+
+
+def recipe_description(path: Path) -> str:
+    """A recipe's one-line description: the first sentence (up to ``;``, ``:`` or ``.``) of the comment block
+    after its opening ``# python train.py recipe=NAME`` line."""
+    lines = path.read_text().splitlines()
+    comment = []
+    for line in lines[1:]:
+        if not line.startswith("#"):
+            break
+        comment.append(line.lstrip("#").strip())
+    text = " ".join(comment)
+    match = _SENTENCE_END.search(text)
+    return (text[:match.start()] if match else text).strip()
+
+
+def recipes_help(folder: Path) -> str:
+    """``NAME  description`` for every recipe in ``folder``, aligned (``$`` escaped for Hydra's help template)."""
+    paths = sorted(folder.glob("*.yaml"))
+    width = max((len(p.stem) for p in paths), default=0)
+    lines = [f"  {p.stem:<{width}}  {recipe_description(p)}" for p in paths]
+    return "\n".join(lines).replace("$", "$$")

@@ -1,0 +1,84 @@
+"""Planning before work (#20 items 8, 10, 17, 18): bad data stops a run before any stage is built, a refused resume
+builds nothing, a user error is one message (no traceback), an export is never half-written."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from test_cli import _tiny, _train
+
+from lrlhf import cli
+
+
+def _error_lines(out) -> list[str]:
+    return [line for line in out.stderr.splitlines() if line.strip() and "Writing model shards" not in line]
+
+
+def test_bad_data_stops_before_any_stage_is_built_with_one_line(tmp_path):
+    """#20 items 17 and 18: ``recipe=rm data.train=bad.jsonl`` built SFT (89 s) before failing on the data, and
+    printed chained tracebacks; now the data is read first and the error is one message naming key, file, line."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "hi", "chosen": "a", "rejected": "b"}\n{"prompt": "hi", "chosen": "a"}\n')
+    tiny = [o for o in _tiny("rm") if not o.startswith("stage_overrides.")]
+    out = _train(tmp_path, "recipe=rm", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", f"data.train={bad}",
+                 *tiny, check=False)
+    assert out.returncode == 1
+    lines = _error_lines(out)
+    assert lines[0].startswith(f"lrlhf: error: data.train: {bad}:2:") and "rejected" in lines[0], out.stderr
+    assert len(lines) == 2 and "LRLHF_DEBUG=1" in lines[1], out.stderr  # the message and where the traceback is
+    assert not (tmp_path / "cache" / "stages").exists()  # the SFT stage it needs was not built
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+    # a needed stage's data file is read before any stage is built too, and named as that stage's
+    out = _train(tmp_path, "recipe=ppo_lora", "logger=none", f"hydra.run.dir={tmp_path / 'run2'}",
+                 *[o for o in _tiny("ppo_lora") if not o.startswith("stage_overrides.rm")],
+                 f'stage_overrides.rm=["trainer.max_steps=3","data.val={bad}"]', check=False)
+    assert "lrlhf: error: the `rm` stage this recipe needs: data.val:" in out.stderr, out.stderr
+    assert not (tmp_path / "cache" / "stages").exists()
+
+    # the traceback is there for who asks for it
+    out = _train(tmp_path, "recipe=rm", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", f"data.train={bad}",
+                 *tiny, env={"LRLHF_DEBUG": "1"}, check=False)
+    assert out.returncode != 0 and "Traceback" in out.stderr and "DataFormatError" in out.stderr
+
+
+def test_a_missing_prompt_file_of_a_callback_is_named_by_its_key(tmp_path):
+    missing = tmp_path / "nope.jsonl"
+    out = _train(tmp_path, "recipe=ppo_lora", "logger=none", f"hydra.run.dir={tmp_path / 'run'}",
+                 f"callbacks.early_stopping.prompts={missing}", *_tiny("ppo_lora"), check=False)
+    assert out.returncode == 1
+    assert f"lrlhf: error: callbacks.early_stopping.prompts: data file {missing} does not exist" in out.stderr
+    assert not (tmp_path / "cache" / "stages").exists()
+
+
+def test_an_export_killed_midway_leaves_the_previous_one_whole(tmp_path):
+    """#20 item 8: ``export/`` was written straight into its final folder."""
+    out_dir = tmp_path / "run"
+    (out_dir / "export" / "merged").mkdir(parents=True)
+    (out_dir / "export" / "merged" / "model.safetensors").write_text("old")
+
+    def failing(folder: Path):
+        (folder / "export" / "merged").mkdir(parents=True)
+        (folder / "export" / "merged" / "model.safetensors").write_text("half")
+        raise KeyboardInterrupt  # killed while writing
+
+    with pytest.raises(KeyboardInterrupt):
+        cli._export(failing, out_dir)
+    assert (out_dir / "export" / "merged" / "model.safetensors").read_text() == "old"
+    assert sorted(p.name for p in out_dir.iterdir()) == ["export"]  # no temporary folder left
+
+    def complete(folder: Path):
+        for name in ("merged", "adapter"):
+            (folder / name).mkdir()
+            (folder / name / "weights").write_text("new")
+        return {"merged": folder / "merged", "adapter": folder / "adapter", "n": 3}
+
+    paths = cli._export(complete, out_dir)
+    assert paths == {"merged": out_dir / "merged", "adapter": out_dir / "adapter", "n": 3}
+    assert (out_dir / "adapter" / "weights").read_text() == "new"
+    shutil.rmtree(out_dir / "merged")
+    (out_dir / ".export-x.tmp").mkdir()  # a kill's leftover is removed by the next export
+    cli._export(complete, out_dir)
+    assert sorted(p.name for p in out_dir.iterdir()) == ["adapter", "export", "merged"]
+    assert json.dumps(sorted(p.name for p in (out_dir / "merged").iterdir())) == '["weights"]'
