@@ -126,21 +126,24 @@ def ours_parts(model_dir: Path, prompts, args, reward: str = "separate"):
 
     from lrlhf.data.datamodules import PromptDataModule
     from lrlhf.data.records import PromptExample
+    from lrlhf.functional import FixedKLController
     from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
     from lrlhf.modules import PPOConfig, PPOModule
+    from lrlhf.modules.critic import SharedTrunk, ValueAdapter
     from lrlhf.modules.ppo import RewardAdapter
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     config = PPOConfig(max_new_tokens=args.new, temperature=1.0, ppo_epochs=1, minibatch_size=args.batch // 2,
-                       forward_batch_size=args.batch, lr=1e-5, kl_coef=0.05, policy_lora=LoraSpec(r=8),
-                       value_lora=LoraSpec(r=8), value_from_policy=getattr(args, "value_from_policy", False))
+                       forward_batch_size=args.batch, lr=1e-5, policy_lora=LoraSpec(r=8))
+    critic = SharedTrunk() if getattr(args, "value_from_policy", False) else ValueAdapter(LoraSpec(r=8))
     cfg = ModelConfig(str(model_dir))
     if reward == "adapter":
         reward_model = RewardAdapter(str(model_dir.parent / "rm"))
     else:
         torch.manual_seed(args.seed + 1)
         reward_model = ScalarModel(load_causal_lm(cfg))
-    module = PPOModule(load_causal_lm(cfg), reward_model, tokenizer, config)
+    module = PPOModule(load_causal_lm(cfg), reward_model, tokenizer, config, critic=critic,
+                       kl_controller=FixedKLController(0.05))
     data = PromptDataModule(tokenizer, train=[PromptExample(p) for p in prompts], batch_size=args.batch,
                             max_length=128)
     return module, data
@@ -310,6 +313,8 @@ def timed(module, phases, sync=lambda: None):
     generate, make_rollout, update = module.sample, module.make_rollout, module.update
 
     def timed_generate(*a, **kw):  # the rollout's sampling step (PPOModule.sample)
+        if len(a) > 2 or kw.get("max_new_tokens") is not None:  # the sampler self-check's short samples
+            return generate(*a, **kw)
         sync()
         t = time.perf_counter()
         out = generate(*a, **kw)
@@ -440,7 +445,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="TRL with a full-parameter policy")
     parser.add_argument("--memory", action="store_true", help="peak RSS at the SmolLM2-135M shape")
     parser.add_argument("--value-from-policy", action="store_true",
-                        help="ours with ppo.value_from_policy (the critic's head on the policy's trunk)")
+                        help="ours with module/critic=shared_trunk (the critic's head on the policy's trunk)")
     parser.add_argument("--sampling", action="store_true", help="time our rollout sampler alone (tokens/s)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="both sides on this device")
     parser.add_argument("--shape", default="reference", choices=sorted(SHAPES),

@@ -30,12 +30,13 @@ import lightning.pytorch as pl
 import torch
 from transformers import AutoTokenizer
 
-from lrlhf.callbacks import HeldOutUtilityEarlyStopping, KLControlCallback, ResumableCheckpoint
+from lrlhf.callbacks import HeldOutUtilityEarlyStopping, ResumableCheckpoint
 from lrlhf.data.datamodules import PreferenceDataModule, PromptDataModule, SFTDataModule
 from lrlhf.data.toy import build_world
-from lrlhf.models import LoraSpec, ModelConfig
-from lrlhf.modules import PPOConfig, PPOModule, RewardConfig, RewardModule, SFTConfig, SFTModule
-from lrlhf.modules.reward import compute_calibration, load_calibration, load_reward_model
+from lrlhf.functional import FixedKLController
+from lrlhf.models import LoraSpec, ModelConfig, load_calibration, load_reward_model
+from lrlhf.modules import PPOConfig, PPOModule, RewardConfig, RewardModule, SFTConfig, SFTModule, compute_calibration
+from lrlhf.modules.critic import ValueAdapter
 
 
 def _trainer(out, **kw):
@@ -106,15 +107,15 @@ def main() -> None:
     evals = evals[:args.eval_prompts]
     run = out / args.run_name
     pl.seed_everything(args.seed, verbose=False)
-    config = PPOConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, kl_coef=args.kl, ppo_epochs=args.epochs,
-                       minibatch_size=args.minibatch, forward_batch_size=64, lr=args.lr, vf_coef=0.1,
-                       policy_lora=LoraSpec(r=8), value_lora=LoraSpec(r=8))
+    config = PPOConfig(max_new_tokens=args.max_new_tokens, temperature=1.0, ppo_epochs=args.epochs,
+                       minibatch_size=args.minibatch, forward_batch_size=64, lr=args.lr, policy_lora=LoraSpec(r=8))
     ppo = PPOModule(ModelConfig(str(sft_dir)), load_reward_model(rm_dir), tokenizer, config,
-                    calibration=load_calibration(rm_dir))
+                    calibration=load_calibration(rm_dir), critic=ValueAdapter(LoraSpec(r=8), vf_coef=0.1),
+                    kl_controller=FixedKLController(args.kl))
     es = WithStartPoint(evals, "toy_gold", every_n_rollouts=args.every,
                                      patience=args.patience or None, n_samples=args.eval_samples, seed=4321,
                                      batch_size=128)
-    callbacks = [KLControlCallback("fixed"), es,
+    callbacks = [es,
                  ResumableCheckpoint(dirpath=run / "checkpoints", every_n_rollouts=args.every, keep_last_k=2,
                                      config=vars(args))]
     prompts = PromptDataModule(tokenizer, train=str(world.rl_prompts), batch_size=args.batch, max_length=64,

@@ -41,6 +41,7 @@ def main() -> None:
     from lrlhf.data.records import PromptExample
     from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm, load_tokenizer
     from lrlhf.modules import PPOConfig, PPOModule
+    from lrlhf.modules.critic import ValueAdapter
 
     seed_everything(0, verbose=False)
     if args.model:
@@ -60,14 +61,16 @@ def main() -> None:
 
         tokenizer = AutoTokenizer.from_pretrained(world.tokenizer)  # the toy model folder holds none
     config = PPOConfig(max_new_tokens=args.new, ppo_epochs=args.epochs, minibatch_size=args.minibatch,
-                       forward_batch_size=args.batch, policy_lora=LoraSpec(r=8), value_lora=LoraSpec(r=8))
+                       forward_batch_size=args.batch, policy_lora=LoraSpec(r=8))
 
     times: dict[str, list[float]] = defaultdict(list)
 
     class Timed(PPOModule):
-        def sample(self, *a):
+        def sample(self, query_ids, query_mask, max_new_tokens=None):
+            if max_new_tokens is not None:  # the sampler self-check's short samples: not a rollout
+                return super().sample(query_ids, query_mask, max_new_tokens)
             t = time.perf_counter()
-            out = super().sample(*a)
+            out = super().sample(query_ids, query_mask)
             times["generate"].append(time.perf_counter() - t)
             return out
 
@@ -85,7 +88,8 @@ def main() -> None:
             times["update"].append(time.perf_counter() - t)
             return out
 
-    module = Timed(load_causal_lm(cfg), ScalarModel(load_causal_lm(cfg)), tokenizer, config)
+    module = Timed(load_causal_lm(cfg), ScalarModel(load_causal_lm(cfg)), tokenizer, config,
+                   critic=ValueAdapter(LoraSpec(r=8)))
     module.configure_model()
     data = PromptDataModule(tokenizer, train=prompts, batch_size=args.batch, max_length=128)
     trainer = Trainer(accelerator="cpu", logger=False, enable_checkpointing=False, enable_progress_bar=False,

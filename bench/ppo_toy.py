@@ -27,9 +27,10 @@ from lrlhf.data.datamodules import PreferenceDataModule, PromptDataModule, SFTDa
 from lrlhf.data.formats import load_records
 from lrlhf.data.toy import build_world
 from lrlhf.eval import bootstrap_interval, sample_gold_utility
-from lrlhf.models import LoraSpec, ModelConfig
-from lrlhf.modules import PPOConfig, PPOModule, RewardConfig, RewardModule, SFTConfig, SFTModule
-from lrlhf.modules.reward import compute_calibration, load_reward_model
+from lrlhf.functional import FixedKLController
+from lrlhf.models import LoraSpec, ModelConfig, load_reward_model
+from lrlhf.modules import PPOConfig, PPOModule, RewardConfig, RewardModule, SFTConfig, SFTModule, compute_calibration
+from lrlhf.modules.critic import ValueAdapter
 
 
 def _trainer(out, **kw):
@@ -97,10 +98,10 @@ def main() -> None:
 
     # 3. PPO (LoRA policy + value on the merged SFT base)
     pl.seed_everything(args.seed, verbose=False)
-    config = PPOConfig(max_new_tokens=32, temperature=1.0, kl_coef=args.kl, ppo_epochs=args.epochs,
-                       minibatch_size=args.minibatch, forward_batch_size=64, lr=args.lr, vf_coef=0.1,
-                       policy_lora=LoraSpec(r=8), value_lora=LoraSpec(r=8))
-    ppo = PPOModule(ModelConfig(str(sft_dir)), load_reward_model(rm_dir), tokenizer, config, calibration=calibration)
+    config = PPOConfig(max_new_tokens=32, temperature=1.0, ppo_epochs=args.epochs, minibatch_size=args.minibatch,
+                       forward_batch_size=64, lr=args.lr, policy_lora=LoraSpec(r=8))
+    ppo = PPOModule(ModelConfig(str(sft_dir)), load_reward_model(rm_dir), tokenizer, config, calibration=calibration,
+                    critic=ValueAdapter(LoraSpec(r=8), vf_coef=0.1), kl_controller=FixedKLController(args.kl))
     prompts = PromptDataModule(tokenizer, train=str(world.rl_prompts), batch_size=args.batch, max_length=64,
                                seed=args.seed)
     # Lightning's max_steps counts optimiser steps: rollouts x updates per rollout

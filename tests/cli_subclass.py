@@ -1,8 +1,12 @@
-"""A user's PPOModule subclass overriding one hook, for tests/test_cli.py (imported by its _target_)."""
+"""A user's PPOModule subclass overriding one hook, and a user's advantage estimator, for tests/test_cli.py
+(imported by their _target_; this folder is on PYTHONPATH there). MaxBaseline is the example of docs/extending.md."""
+
+from dataclasses import dataclass
 
 import torch
 
 from lrlhf.modules import PPOModule
+from lrlhf.modules.advantages import GroupAdvantage
 
 
 class ConstantScorePPO(PPOModule):
@@ -14,11 +18,22 @@ class ConstantScorePPO(PPOModule):
 
 
 class NoCriticPPO(PPOModule):
-    """Fails if the value model is built or run: RLOO / GRPO recipes must train without a critic."""
+    """Fails if a critic is built: RLOO / GRPO recipes must train without one (no value adapter, head or loss)."""
 
     def configure_model(self):
         super().configure_model()
-        assert self.value_head is None and "value" not in self.model.peft_config, "a critic was built"
+        assert self.critic is None and "value" not in self.model.peft_config, "a critic was built"
 
-    def value_forward(self, query_ids, query_mask, response_ids):
-        raise AssertionError("value_forward ran without a critic")
+    def value_loss(self, *args):
+        raise AssertionError("a value loss ran without a critic")
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaxBaseline(GroupAdvantage):
+    """A_i = r_i - max_j r_j over the samples of a prompt: only a prompt's best sample is not pushed down."""
+
+    name = "max_baseline"  # the summary's gold/max_baseline
+
+    def sequence_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
+        groups = rewards.reshape(-1, self.samples_per_prompt)  # (prompts, k), a prompt's samples adjacent
+        return (groups - groups.max(dim=1, keepdim=True).values).reshape(-1)

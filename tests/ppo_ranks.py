@@ -4,7 +4,8 @@
 writes ``OUT_DIR/rank<r>.pt`` per rank: for each run (``straight``, ``first``, ``resumed``) the sampled ids of
 every rollout, the trained weights (gathered to full tensors), the KL controller's beta, the rollouts done, and
 the torch RNG state at the start of training (per-rank sampling streams); the straight run also keeps the best
-held-out checkpoint (the first: rollout 0, the starting policy) and restores it with the CLI's ``_restore_best``
+held-out checkpoint (the first: rollout 0, the starting policy) and restores it with the callback's
+``stage_summary`` (what the CLI calls)
 (``restored``: the weights after that; ``start``: the trained weights when training started). Used by
 ``tests/test_strategies.py``.
 """
@@ -33,20 +34,23 @@ class RecordSamples:
 
 
 def module(world, tokenizer, lr=5e-2):
+    from lrlhf.functional import AdaptiveKLController
     from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
     from lrlhf.modules import PPOConfig, PPOModule
+    from lrlhf.modules.critic import ValueAdapter
 
     cls = type("Recorded", (RecordSamples, PPOModule), {})
     torch.manual_seed(0)
     reward = ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
     config = PPOConfig(max_new_tokens=6, ppo_epochs=2, minibatch_size=1, forward_batch_size=2, lr=lr,
-                       kl_coef=0.1, policy_lora=LoraSpec(r=2), value_lora=LoraSpec(r=2),
+                       policy_lora=LoraSpec(r=2),
                        # The clip's global norm runs under both strategies but never scales: sharded, the norm
                        # is summed in another order (measured: equal to 1e-7 relative), and AdamW at lr 0.05
                        # amplifies that ulp over a few steps past any fp32 tolerance; unscaled, FSDP2 == DDP
                        # bitwise (measured 0.0).
                        max_grad_norm=1e4)
-    out = cls(ModelConfig(str(world.model)), reward, tokenizer, config)
+    out = cls(ModelConfig(str(world.model)), reward, tokenizer, config, critic=ValueAdapter(LoraSpec(r=2)),
+              kl_controller=AdaptiveKLController(0.1, target=0.5, horizon=20.0))
     out.sampled = []
     return out
 
@@ -57,7 +61,7 @@ def trained(module) -> dict[str, torch.Tensor]:
 
     out = {}
     for name, p in module.named_parameters():
-        if "lora_" in name or name.startswith("value_head."):
+        if "lora_" in name or name.startswith("critic."):
             out[name] = (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
     return out
 
@@ -65,7 +69,7 @@ def trained(module) -> dict[str, torch.Tensor]:
 def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None, restore_best=False, lr=5e-2) -> dict:
     from transformers import AutoTokenizer
 
-    from lrlhf.callbacks import HeldOutUtilityEarlyStopping, KLControlCallback, ResumableCheckpoint
+    from lrlhf.callbacks import HeldOutUtilityEarlyStopping, ResumableCheckpoint
     from lrlhf.data.datamodules import PromptDataModule
     from lrlhf.strategies import FSDP2Strategy
 
@@ -73,8 +77,7 @@ def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None, restore_
     pl.seed_everything(0, verbose=False)
     tokenizer = AutoTokenizer.from_pretrained(world.tokenizer)
     ppo = module(world, tokenizer, lr)
-    callbacks = [KLControlCallback("adaptive", target=0.5, horizon=20.0),
-                 ResumableCheckpoint(dirpath=out / "ckpt", keep_last_k=2)]
+    callbacks = [ResumableCheckpoint(dirpath=out / "ckpt", keep_last_k=2)]
     if restore_best:  # held-out utility at rollout 0 and after each rollout; min_delta keeps rollout 0 best
         callbacks.append(HeldOutUtilityEarlyStopping(world.eval_prompts, every_n_rollouts=1, patience=None,
                                                      min_delta=1e9, batch_size=8, plot=False,
@@ -89,9 +92,10 @@ def run(strategy: str, world, out: Path, rollouts: int, ckpt_path=None, restore_
 
     extra, weights = {}, trained(ppo)
     if restore_best:  # the CLI's restore of the best checkpoint (a sharded folder under FSDP2)
-        from lrlhf.cli import _restore_best
+        from lrlhf.callbacks import HeldOutUtilityEarlyStopping
 
-        chosen = _restore_best(trainer, ppo)
+        stopper = next(c for c in trainer.callbacks if isinstance(c, HeldOutUtilityEarlyStopping))
+        chosen = stopper.stage_summary(trainer, ppo)
         extra = {"restored": trained(ppo), "chosen_rollout": chosen["chosen/rollout"], "start": ppo.start_weights,
                  "chosen_is_folder": Path(chosen["chosen/checkpoint"]).is_dir()}
     return {**extra,"sampled": ppo.sampled, "weights": weights, "beta": float(ppo.kl_controller.value),

@@ -269,15 +269,68 @@ def test_every_recipe_runs_tiny(recipe, tmp_path):
 
 @pytest.mark.parametrize("estimator", ["rloo", "grpo"])
 def test_group_estimator_recipes_sample_k_per_prompt(estimator):
-    # (no value adapter / head / forward without a critic: tests/modules/test_ppo.py)
+    # (no value adapter / head / forward without a critic: tests/modules/test_critic.py)
     from hydra.utils import instantiate
 
     cfg = _compose([f"recipe={estimator}_lora", "paths.run_dir=."])
     config = instantiate(cfg.module.config, _convert_="all")
-    assert config.advantage_estimator == estimator and config.samples_per_prompt >= 2
-    rows = cfg.data.batch_size * config.samples_per_prompt  # responses per rollout, as recipe=ppo_lora's 32
+    advantage = instantiate(cfg.module.advantage)
+    assert advantage.name == estimator and advantage.samples_per_prompt >= 2 and cfg.module.get("critic") is None
+    rows = cfg.data.batch_size * advantage.samples_per_prompt  # responses per rollout, as recipe=ppo_lora's 32
     updates = config.ppo_epochs * math.ceil(rows / config.minibatch_size)
     assert rows == 32 and cfg.trainer.max_steps % updates == 0  # max_steps counts whole rollouts
+
+
+VARIANTS = sorted((g.name, p.stem) for g in (ROOT / "configs" / "module").iterdir() for p in g.glob("*.yaml"))
+
+
+@pytest.mark.parametrize(("group", "option"), VARIANTS)
+def test_every_module_variant_composes_and_builds(group, option):
+    # module/advantage, module/critic, module/kl_controller: config groups, each option one class by _target_
+    from hydra.utils import get_class, instantiate
+
+    cfg = _compose(["recipe=ppo_lora", "paths.run_dir=.", "+deps={sft:.,rm:.}", f"module/{group}={option}"])
+    planning.validate(cfg)  # what run() checks before any stage is built
+    node = cfg.module[group]
+    assert type(instantiate(node)) is get_class(node._target_)
+    first_line = (ROOT / "configs" / "module" / group / f"{option}.yaml").read_text().splitlines()[0]
+    assert first_line.startswith(f"# module/{group}={option}")
+
+
+def test_the_recipes_choose_their_variants_and_removed_keys_name_the_new_ones():
+    chosen = {r: _compose([f"recipe={r}", "paths.run_dir=."]).module for r in
+              ("ppo_lora", "ppo_weak_kl", "rloo_lora", "grpo_lora")}
+    assert chosen["ppo_lora"].kl_controller._target_.endswith("AdaptiveKLController")
+    assert chosen["ppo_lora"].kl_controller.kl_coef == 0.2 and chosen["ppo_lora"].critic.lora.r == 8
+    assert chosen["ppo_weak_kl"].kl_controller == {"_target_": "lrlhf.functional.FixedKLController", "kl_coef": 0.005}
+    assert [chosen[r].advantage._target_.rsplit(".", 1)[1] for r in chosen] == ["GAE", "GAE", "RLOO", "GRPO"]
+    for override, message in (
+            ("+module.config.advantage_estimator=rloo", "module.config.advantage_estimator is gone: set "
+                                                         "module.advantage._target_"),
+            ("+module.config.kl_coef=0.05", "module.config.kl_coef is gone: set module.kl_controller.kl_coef"),
+            ("module.critic.vf_coef=-1", "module.critic.vf_coef must be >= 0, got -1"),
+            ("module.advantage.gamma=2", "module.advantage.gamma must be in [0, 1], got 2")):
+        cfg = _compose(["recipe=ppo_lora", "paths.run_dir=.", "+deps={sft:.,rm:.}", override])
+        with pytest.raises(ValueError) as error:
+            planning.validate(cfg)
+        assert str(error.value).startswith(message)  # the key the user types, once
+    for override, message in (("module.config.kl_coef=0.05", "module.config.kl_coef is gone: set module.kl_control"),
+                              ("callbacks.kl_control.target=3", "callbacks.kl_control.target is gone")):
+        with pytest.raises(SystemExit) as stop:  # without "+": Hydra alone would say "not in struct"
+            cli._refuse_moved_keys(["recipe=ppo_lora", override])
+        assert str(stop.value) == f"lrlhf: error: {message}" or str(stop.value).startswith(f"lrlhf: error: {message}")
+
+
+def test_a_user_advantage_estimator_by_target(tmp_path):
+    # docs/extending.md: a new estimator in a few lines, used through train.py by its _target_
+    run = tmp_path / "run"
+    _train(tmp_path, "recipe=rloo_lora", "logger=csv", f"hydra.run.dir={run}",
+           "module.advantage._target_=cli_subclass.MaxBaseline", *_tiny("rloo_lora"))
+    rows = list(csv.DictReader((run / "logs" / "metrics.csv").open()))
+    means = [float(r["rollout/advantage_mean"]) for r in rows if r.get("rollout/advantage_mean")]
+    assert means and all(m <= 0 for m in means) and min(means) < 0  # r - max(group) <= 0; RLOO's mean is ~0
+    summary = json.loads((run / "summary.json").read_text())
+    assert "gold/max_baseline" in summary and "gold/rloo" not in summary
 
 
 def test_eval_recipe_tiny_writes_the_table_and_the_plots(tmp_path):

@@ -15,7 +15,7 @@ import pytest
 import torch
 from hydra.types import RunMode
 
-from lrlhf import cli, planning
+from lrlhf import planning
 from lrlhf.utils import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,11 +176,11 @@ def test_several_launched_processes_need_one_run_folder(monkeypatch):
     monkeypatch.delenv("SLURM_PROCID", raising=False)
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ValueError, match="2 processes were launched .* hydra.run.dir="):
-        cli._check_shared_run_dir(hydra_cfg)
+        planning.check_shared_run_dir(hydra_cfg)
     hydra_cfg.overrides.hydra = ["hydra.run.dir=/somewhere"]
-    cli._check_shared_run_dir(hydra_cfg)
+    planning.check_shared_run_dir(hydra_cfg)
     monkeypatch.setenv("WORLD_SIZE", "1")
-    cli._check_shared_run_dir(SimpleNamespace(overrides=SimpleNamespace(hydra=[]), mode=RunMode.RUN))
+    planning.check_shared_run_dir(SimpleNamespace(overrides=SimpleNamespace(hydra=[]), mode=RunMode.RUN))
 
 
 def test_needed_stages_share_the_devices_and_strategy_but_not_the_length():

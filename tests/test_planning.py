@@ -8,11 +8,15 @@ from pathlib import Path
 import pytest
 from test_cli import _tiny, _train
 
-from lrlhf import cli
+from lrlhf.utils.io import atomic_save_children
 
 
 def _error_lines(out) -> list[str]:
-    return [line for line in out.stderr.splitlines() if line.strip() and "Writing model shards" not in line]
+    """stderr from the error on (progress bars drawn before it are the console's business, not the error's)."""
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    start = next((i for i, line in enumerate(lines) if line.startswith("lrlhf: error:")), 0)
+    assert not any(line.startswith("Traceback") for line in lines), out.stderr
+    return lines[start:]
 
 
 def test_bad_data_stops_before_any_stage_is_built_with_one_line(tmp_path):
@@ -64,7 +68,7 @@ def test_an_export_killed_midway_leaves_the_previous_one_whole(tmp_path):
         raise KeyboardInterrupt  # killed while writing
 
     with pytest.raises(KeyboardInterrupt):
-        cli._export(failing, out_dir)
+        atomic_save_children(out_dir, failing)
     assert (out_dir / "export" / "merged" / "model.safetensors").read_text() == "old"
     assert sorted(p.name for p in out_dir.iterdir()) == ["export"]  # no temporary folder left
 
@@ -74,11 +78,31 @@ def test_an_export_killed_midway_leaves_the_previous_one_whole(tmp_path):
             (folder / name / "weights").write_text("new")
         return {"merged": folder / "merged", "adapter": folder / "adapter", "n": 3}
 
-    paths = cli._export(complete, out_dir)
+    paths = atomic_save_children(out_dir, complete)
     assert paths == {"merged": out_dir / "merged", "adapter": out_dir / "adapter", "n": 3}
     assert (out_dir / "adapter" / "weights").read_text() == "new"
     shutil.rmtree(out_dir / "merged")
     (out_dir / ".export-x.tmp").mkdir()  # a kill's leftover is removed by the next export
-    cli._export(complete, out_dir)
+    atomic_save_children(out_dir, complete)
     assert sorted(p.name for p in out_dir.iterdir()) == ["adapter", "export", "merged"]
     assert json.dumps(sorted(p.name for p in (out_dir / "merged").iterdir())) == '["weights"]'
+
+
+@pytest.mark.parametrize("case", ["utf8", "model", "nan"])
+def test_bad_input_ends_with_one_line_and_no_result(tmp_path, case):
+    """#20 items 11, 14, 16 through train.py: one message naming the file/line/key, exit 1, no summary or export."""
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b'{"messages": [{"role": "user", "content": "hi \xff"}, {"role": "assistant", "content": "a"}]}\n')
+    overrides, expected = {
+        "utf8": ([f"data.train={bad}"], f"lrlhf: error: data.train: {bad}:1: not valid UTF-8"),
+        "model": (["model=hf", f"model.name_or_path={tmp_path / 'nope'}"],
+                  f"lrlhf: error: model.name_or_path='{tmp_path / 'nope'}': no such folder"),
+        "nan": (["module.config.lr=1e30"], "lrlhf: error: sft: non-finite training loss at optimiser step"),
+    }[case]
+    run = tmp_path / "run"
+    out = _train(tmp_path, "recipe=sft", "logger=none", f"hydra.run.dir={run}", *_tiny("sft"), *overrides,
+                 check=False)
+    assert out.returncode == 1
+    lines = _error_lines(out)
+    assert lines[0].startswith(expected) and len(lines) == 2, out.stderr[-3000:]
+    assert not (run / "summary.json").exists() and not (run / "merged").exists()

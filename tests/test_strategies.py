@@ -232,7 +232,8 @@ def test_fsdp2_refuses_a_trainable_tied_embedding():
 
 @pytest.mark.parametrize("strategy", ["fsdp2", "ddp"])
 def test_the_cli_restores_the_best_held_out_checkpoint(ppo_runs, strategy):
-    """cli._restore_best loads best.ckpt (a sharded folder under FSDP2, a file under DDP) into the trained model:
+    """Early stopping's stage_summary (the CLI calls it) loads best.ckpt (a sharded folder under FSDP2, a file under
+    DDP) into the trained model:
     the starting policy's weights (rollout 0, evaluated before any update; min_delta keeps it best)."""
     for runs in ppo_runs[strategy]:
         straight, start = runs["straight"], runs["straight"]["start"]
@@ -244,11 +245,11 @@ def test_the_cli_restores_the_best_held_out_checkpoint(ppo_runs, strategy):
 def test_restoring_a_sharded_checkpoint_under_a_single_device_strategy_is_refused(tmp_path):
     import lightning.pytorch as pl
 
-    from lrlhf.cli import _restore_sharded
+    from lrlhf.strategies import restore_sharded_weights
 
     trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
     with pytest.raises(RuntimeError, match="is a sharded checkpoint .* SingleDeviceStrategy .* strategy=fsdp2"):
-        _restore_sharded(trainer, tmp_path)
+        restore_sharded_weights(trainer, tmp_path)
 
 
 def test_a_sharded_checkpoint_loads_into_one_process_for_export(ppo_runs, toy_world, tmp_path):

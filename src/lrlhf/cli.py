@@ -2,20 +2,10 @@
 
 A recipe (``recipes/NAME.yaml``) names a ``stage`` (``sft``, ``rm``, ``ppo``, ``dpo``, or ``eval``: no training, see
 :mod:`lrlhf.eval.harness`), the LightningModule and the datamodule by ``_target_``, and the stages it ``needs``
-first (e.g. PPO needs ``sft`` and ``rm``). Needed stages
-are composed from their own recipes (with the overrides of the shared keys: ``world``, ``model``, ``paths``,
-``seed``, ``threads``, and ``stage_overrides.<need>`` for that stage alone), cached under
-``<cache_dir>/stages/<recipe>-<hash of their resolved config>`` and reused
-by later runs (``cache=false`` builds them inside this run's folder instead). The toy world is built on first
-use under ``<cache_dir>/worlds/``.
-
-Everything is validated before any work: Hydra refuses unknown keys, and every ``_target_`` config node of the
-modules (``SFTConfig``, ``RewardConfig``, ``PPOConfig``, ``DPOConfig``, ``ModelConfig``, ``LoraSpec``) is built
-first, so a bad value fails naming its key.
-
-Outputs of every stage, under its run folder (``hydra.run.dir=...`` for the main one): ``config.yaml`` (resolved),
-``summary.json``, the logger's files, checkpoints, and the stage's export (``merged/`` and ``adapter/`` for SFT,
-``model/`` for the RM, ``export/merged`` and ``export/adapter`` for PPO and DPO).
+first. :mod:`lrlhf.planning` plans them (cached by a hash of their config) and checks everything it can before any
+work; this module builds the world and the needed stages, trains the recipe's own stage, and leaves behind what
+every module's one contract says (:mod:`lrlhf.modules.stage`): ``config.yaml``, ``summary.json``, the logger's
+files, checkpoints and the export, under the stage's run folder.
 """
 
 from __future__ import annotations
@@ -36,12 +26,16 @@ from lrlhf.planning import (
     _building_folder,
     check_data,
     check_resume,
+    check_shared_run_dir,
     plan,
     remove_dead_builds,
     run_config,
     start_build,
 )
+from lrlhf.utils.console import print_summary
+from lrlhf.utils.distributed import close_process_group
 from lrlhf.utils.errors import InvariantError
+from lrlhf.utils.io import atomic_save_children
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL_GROUPS = {"recipe": "recipes", "callbacks": "callbacks"}
@@ -160,7 +154,7 @@ def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
     trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
     if zero and resuming:
         atomic_write_text(out_dir / "config.yaml", config_yaml)
-    summary = {"stage": cfg.stage, "run_dir": str(out_dir), **FINISH[cfg.stage](cfg, module, data, trainer, out_dir)}
+    summary = {"stage": cfg.stage, "run_dir": str(out_dir), **finish_stage(cfg, module, data, trainer, out_dir)}
     summary = json.loads(json.dumps(summary, default=str).replace(str(out_dir), str(final_dir)))
     if zero:
         atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -169,281 +163,44 @@ def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
 
 
 def _whole(cfg, module, trainer):
-    """The trained module as one unsharded model on global rank 0, for the export and the evaluations after
-    training; None on the other ranks. One process: ``module`` itself.
+    """The trained module whole on global rank 0 (None on the other ranks): :func:`lrlhf.strategies.whole_module`
+    with a fresh module built from ``cfg.module`` to load a gathered sharded state into."""
+    from hydra.utils import instantiate
 
-    Several processes: a collective (every rank calls it). A replica (``ddp``) is ``module`` on rank 0; a sharded
-    model is gathered whole on rank 0 (``fsdp2``: ``get_model_state_dict`` with a full state dict offloaded to
-    the CPU; ``fsdp``: the parameters unsharded) and loaded into a fresh, unsharded module built from
-    ``cfg.module``. Its torchmetrics are told not to sync (only rank 0 evaluates).
-    """
-    import torch
+    from lrlhf.strategies import whole_module
 
-    from lrlhf.strategies import is_fsdp_wrapped
-    from lrlhf.utils.distributed import rank, world_size
-
-    if world_size() == 1:
-        return module
-    fsdp1 = is_fsdp_wrapped(trainer.strategy.model)
-    if fsdp1 or any(type(p).__name__ == "DTensor" for p in module.parameters()):
-        from hydra.utils import instantiate
-
-        state = _fsdp1_full_state(trainer.strategy.model, module) if fsdp1 else _fsdp2_full_state(module)
-        if rank() != 0:
-            return None
-        whole = instantiate(cfg.module, tokenizer=module.tokenizer, _convert_="all")
-        whole.configure_model()
-        whole.load_state_dict({name: state[name] for name in whole.state_dict()})
-        whole.to(torch.device("cpu"))
-    elif rank() != 0:
-        return None
-    else:
-        whole = module
-    _no_metric_sync(whole)
-    return whole
+    return whole_module(module, trainer, lambda: instantiate(cfg.module, tokenizer=module.tokenizer, _convert_="all"))
 
 
-def _fsdp2_full_state(module) -> dict:
-    """The full state dict of an FSDP2-sharded ``module`` on rank 0's CPU (empty on the others); a collective."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def _fsdp1_full_state(root, module) -> dict:
-    """The parameters and buffers of ``module`` under the FSDP1 unit ``root``, whole, copied on rank 0 (empty on
-    the others); a collective. Every rank unshards them (``summon_full_params``) for the copy: FSDP1's full state
-    dict, and ``summon_full_params(rank0_only=True, offload_to_cpu=True)``, segfaulted on CPU (gloo) with torch
-    2.13."""
-    from itertools import chain
-
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    from lrlhf.utils.distributed import rank
-
-    with FullyShardedDataParallel.summon_full_params(root, writeback=False):
-        if rank() != 0:
-            return {}
-        return {name.replace("_fsdp_wrapped_module.", ""): tensor.detach().clone()
-                for name, tensor in chain(module.named_parameters(), module.named_buffers())}
-
-
-def _no_metric_sync(module) -> None:
-    """Let the torchmetrics of ``module`` compute without gathering across ranks (rank 0 evaluates alone)."""
-    from torchmetrics import Metric
-
-    for metric in module.modules():
-        if isinstance(metric, Metric):  # (its constructor argument; read by every sync)
-            metric.distributed_available_fn = _one_process
-
-
-def _one_process() -> bool:
-    return False
-
-
-def _export(export, out_dir: Path):
-    """``export(folder)`` into a temporary folder inside ``out_dir``, then each folder it wrote moved into
-    ``out_dir`` by rename (:func:`lrlhf.utils.io.swap_folder_in`): a run killed while exporting leaves the
-    previous export (or none), never half of one. Returns ``export``'s result with its paths in ``out_dir``."""
-    import tempfile
-
-    from lrlhf.utils.io import swap_folder_in
-
-    for stale in out_dir.glob(".export-*.tmp"):  # left by a run killed while exporting
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".export-", suffix=".tmp"))
-    try:
-        result = export(tmp)
-        for written in sorted(tmp.iterdir()):
-            swap_folder_in(written, out_dir / written.name)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-    def moved(value):
-        if isinstance(value, Path):
-            return out_dir / value.relative_to(tmp)
-        if isinstance(value, dict):
-            return {k: moved(v) for k, v in value.items()}
-        if isinstance(value, tuple) and hasattr(value, "_fields"):
-            return type(value)(*(moved(v) for v in value))
-        return value
-
-    return moved(result)
-
-
-def _finish_sft(cfg, module, data, trainer, out_dir: Path) -> dict:
-    summary = {"train/loss": _metric(trainer, "train/loss"), "val/loss": _metric(trainer, "val/loss")}
-    module = _whole(cfg, module, trainer)
-    if module is None:  # another rank than 0: rank 0 exports
+def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
+    """What every stage leaves behind, by the modules' one contract (:mod:`lrlhf.modules.stage`): the figures of
+    training, the callbacks' part (early stopping restores its chosen checkpoint), then on global rank 0 the
+    module's held-out evaluations, its export (swapped into place), and for a policy the comparison with SFT."""
+    summary = module.stage_summary(trainer, out_dir)  # every rank
+    for callback in trainer.callbacks:
+        if callable(getattr(callback, "stage_summary", None)):
+            summary.update(callback.stage_summary(trainer, module))  # every rank (a sharded restore is collective)
+    whole = _whole(cfg, module, trainer)
+    if whole is None:  # another rank than 0: rank 0 evaluates and exports
         return summary
-    paths = _export(module.export, out_dir)
-    return {**summary, "export": str(paths.merged), "adapter": str(paths.adapter) if paths.adapter else None}
+    summary.update(whole.finish(data, out_dir, trained=module))
+    summary.update(atomic_save_children(out_dir, whole.export_stage))
+    if cfg.get("eval") and whole.policy_name:
+        from lrlhf.eval import compare_with_sft
+        from lrlhf.models import load_causal_lm
 
-
-def _finish_rm(cfg, module, data, trainer, out_dir: Path) -> dict:
-    import lightning.pytorch as pl
-
-    from lrlhf.modules import compute_calibration
-
-    trained, module = module, _whole(cfg, module, trainer)
-    if module is None:
-        return {}
-    if module is not trained or getattr(data.trainer, "world_size", 1) > 1:  # rank 0 alone, the whole test set
-        data.trainer = None
-        data.setup("test")
-        module.register_sources(trained.val_source_accuracy)  # the metrics training had, and the test set's
-        module.register_split_sources(data, "test")
-        _no_metric_sync(module)
-    evaluator = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
-                           default_root_dir=str(out_dir))
-    metrics = evaluator.validate(module, dataloaders=data.test_dataloader(), verbose=False)[0]
-    calibration = compute_calibration(module, data.test_dataloader(), reference="held-out preference completions")
-    export = _export(lambda d: module.export(d / "model"), out_dir)
-    return {"test/accuracy": metrics["val/accuracy"], "test/auroc": metrics["val/auroc"],
-            "test/ece": metrics["val/ece"], "calibration": {"mean": calibration.mean, "std": calibration.std},
-            "export": str(export)}
-
-
-def _finish_ppo(cfg, module, data, trainer, out_dir: Path) -> dict:
-    summary = {"rollouts": module.rollouts_done, "kl/beta": module.kl_controller.value}
-    previous = _read_summary(out_dir)  # a finished run resumed again trains nothing: its last rollout's figures stay
-    for key in ("rollout/kl_seq", "rollout/score"):
-        value = _metric(trainer, key)
-        summary[key] = value if value is not None else previous.get(key)
-    summary.update(_restore_best(trainer, module))  # every rank (a sharded checkpoint is read collectively)
-    module = _whole(cfg, module, trainer)
-    if module is None:
-        return summary
-    paths = _export(lambda d: module.export(d / "export"), out_dir)
-    summary.update(export=str(paths["merged"]), adapter=str(paths["adapter"]))
-    if cfg.get("eval"):
-        estimator = module.config.advantage_estimator
-        summary.update(_compare_with_sft(cfg, module, name="ppo" if estimator == "gae" else estimator))
+        ev = cfg.eval
+        summary.update(compare_with_sft(whole.model, load_causal_lm(_model_config(cfg)), whole.tokenizer,
+                                        ev.prompts, whole.policy_name, n_samples=ev.n_samples, seed=cfg.seed,
+                                        temperature=ev.temperature, max_new_tokens=ev.max_new_tokens))
     return summary
 
 
-def _read_summary(out_dir: Path) -> dict:
-    """The run folder's earlier ``summary.json`` ({} when there is none or it is unreadable)."""
-    try:
-        return json.loads((out_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _restore_best(trainer, module) -> dict:
-    """Load the checkpoint that held-out-utility early stopping chose (never chosen by training reward)."""
-    import torch
-
-    from lrlhf.callbacks import HeldOutUtilityEarlyStopping
-
-    stopper = next((c for c in trainer.callbacks if isinstance(c, HeldOutUtilityEarlyStopping)), None)
-    if stopper is None or stopper.chosen is None:
-        return {}
-    found = {"chosen/rollout": stopper.chosen["rollout"], "chosen/heldout_utility": stopper.chosen["utility"],
-             "chosen/starting_policy": stopper.kept_start,  # rollout 0: no update improved on the start
-             "goodhart_plot": str(Path(trainer.log_dir or trainer.default_root_dir) / "goodhart.png")}
-    if stopper.best_model_path and Path(stopper.best_model_path).is_dir():
-        _restore_sharded(trainer, Path(stopper.best_model_path))
-        found["chosen/checkpoint"] = stopper.best_model_path
-    elif stopper.best_model_path:
-        state = torch.load(stopper.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
-        unexpected = module.load_state_dict(state, strict=False).unexpected_keys  # frozen weights are not saved
-        if unexpected:
-            raise RuntimeError(f"{stopper.best_model_path}: unexpected weights {unexpected[:5]}")
-        found["chosen/checkpoint"] = stopper.best_model_path
-    return found
-
-
-def _restore_sharded(trainer, path: Path) -> None:
-    """Load a sharded checkpoint folder (``strategy=fsdp2``, or ``fsdp`` with ``state_dict_type: sharded``) into
-    the trained, still sharded model: every rank reads its own shards (a collective). Refused, naming the
-    folder, under a strategy that cannot read it."""
-    from lrlhf.callbacks.checkpoint import is_sharded
-
-    if not is_sharded(trainer):
-        raise RuntimeError(f"{path} is a sharded checkpoint (a folder of per-rank shards) and this run's strategy "
-                           f"{type(trainer.strategy).__name__} does not write or read sharded checkpoints; restore "
-                           "it under the strategy that wrote it (e.g. strategy=fsdp2)")
-    # the chosen weights only (training is over; rollout 0's checkpoint has no optimiser state yet): every rank
-    # reads its own shards of the model, the optimisers are hidden from the strategy's loader meanwhile
-    strategy, optimizers = trainer.strategy, trainer.strategy.optimizers
-    strategy.optimizers = []
-    try:
-        strategy.load_checkpoint(path)
-    finally:
-        strategy.optimizers = optimizers
-
-
-def _compare_with_sft(cfg, module, name: str = "ppo") -> dict:
-    """Held-out gold utility of the SFT policy and the trained policy (reported as ``name``) on the same prompts
-    and seed."""
-    from lrlhf.data.formats import load_records
-    from lrlhf.eval import bootstrap_interval, sample_gold_utility
-    from lrlhf.models import load_causal_lm
-
-    prompts, _ = load_records(cfg.eval.prompts, "prompt", verbose=False)
-    sampling = dict(n_samples=cfg.eval.n_samples, temperature=cfg.eval.temperature,
-                    max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed)
-    sft = sample_gold_utility(load_causal_lm(_model_config(cfg)), module.tokenizer, prompts, **sampling)
-    trained = sample_gold_utility(module.model, module.tokenizer, prompts, **sampling)
-    diff = [b - a for a, b in zip(sft.per_prompt, trained.per_prompt, strict=True)]
-    return {"gold/sft": sft.mean, "gold/sft_interval": bootstrap_interval(sft.per_prompt),
-            f"gold/{name}": trained.mean, f"gold/{name}_interval": bootstrap_interval(trained.per_prompt),
-            f"gold/{name}_minus_sft": sum(diff) / len(diff),
-            f"gold/{name}_minus_sft_interval": bootstrap_interval(diff)}
-
-
-def _finish_dpo(cfg, module, data, trainer, out_dir: Path) -> dict:
-    summary = {key: _metric(trainer, key) for key in ("train/loss", "val/loss", "val/accuracy", "val/reward_margin")}
-    module = _whole(cfg, module, trainer)
-    if module is None:
-        return summary
-    paths = _export(lambda d: module.export(d / "export"), out_dir)
-    summary.update(export=str(paths.merged), adapter=str(paths.adapter))
-    if cfg.get("eval"):
-        summary.update(_compare_with_sft(cfg, module, name="dpo"))
-    return summary
-
-
-FINISH = {"sft": _finish_sft, "rm": _finish_rm, "ppo": _finish_ppo, "dpo": _finish_dpo}
 #: Every stage a recipe may name: the trained ones, and ``eval`` (no training; lrlhf.eval.harness).
-STAGES = (*FINISH, "eval")
-
-
-def _metric(trainer, key: str) -> float | None:
-    value = trainer.callback_metrics.get(key)
-    return None if value is None else float(value)
+STAGES = ("sft", "rm", "ppo", "dpo", "eval")
 
 
 # ----------------------------------------------------------------------------------------------- main
-def print_summary(summary: dict) -> None:
-    print(f"\n== lrlhf {summary['stage']}: done ==")
-    if summary["stage"] == "eval":
-        print(summary["table_markdown"])
-        print(f"table: {summary['table']} (and {summary['csv']}); plots: {', '.join(summary['plots'].values())}")
-        print(f"run folder: {summary['run_dir']}")
-        return
-    for name in ("ppo", "rloo", "grpo", "dpo"):
-        if f"gold/{name}" in summary:
-            lo, hi = summary[f"gold/{name}_minus_sft_interval"]
-            label = name.upper()
-            print(f"held-out gold utility: SFT {summary['gold/sft']:.3f}, {label} {summary[f'gold/{name}']:.3f}; "
-                  f"{label} - SFT {summary[f'gold/{name}_minus_sft']:+.3f} "
-                  f"(95% paired bootstrap [{lo:+.3f}, {hi:+.3f}])")
-    if "chosen/rollout" in summary:
-        print(f"chosen PPO checkpoint: rollout {summary['chosen/rollout']} by held-out utility "
-              f"{summary['chosen/heldout_utility']:.3f} (early stopping); Goodhart plot: {summary['goodhart_plot']}")
-        if summary.get("chosen/starting_policy"):
-            print("no PPO update improved held-out utility: the exported policy is the starting one (rollout 0)")
-    for key in ("rollout/kl_seq", "kl/beta", "test/accuracy", "val/loss", "val/accuracy", "val/reward_margin"):
-        if summary.get(key) is not None:
-            print(f"{key}: {summary[key]:.4f}")
-    print(f"run folder: {summary['run_dir']}")
-    print(f"exported model: {summary['export']}")
-    if summary.get("adapter"):
-        print(f"adapter: {summary['adapter']}")
-
-
 def run(cfg: DictConfig) -> dict:
     """Plan, build what is missing (world, needed stages), then run the recipe's own stage."""
     from hydra import compose
@@ -457,7 +214,7 @@ def run(cfg: DictConfig) -> dict:
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
     run_dir = Path(cfg.paths.run_dir)
-    _check_shared_run_dir(hydra_cfg)
+    check_shared_run_dir(hydra_cfg)
     zero = is_global_zero()
 
     def compose_recipe(recipe: str, shared: list[str]) -> DictConfig:
@@ -510,35 +267,8 @@ def run(cfg: DictConfig) -> dict:
         print_summary(summary)
     elif cfg.stage != "eval":  # rank 0 exported, evaluated and wrote the summary (eval: rank 0 alone, not yet)
         summary = json.loads((run_dir / "summary.json").read_text())
-    _close_process_group()
+    close_process_group()
     return summary
-
-
-def _close_process_group() -> None:
-    """Every rank leaves together and closes the default process group (when a ``fit`` created one): a rank that
-    exited with the group still open aborted at interpreter exit ("terminate called without an active
-    exception", seen once under torchrun)."""
-    import torch
-
-    from lrlhf.utils.distributed import barrier
-
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        barrier()
-        torch.distributed.destroy_process_group()
-
-
-def _check_shared_run_dir(hydra_cfg) -> None:
-    """Several processes started by torchrun or srun each resolve Hydra's default run folder (a timestamp) on
-    their own: they must be given one (Lightning's own launcher passes its run folder to the processes it
-    starts)."""
-    from hydra.types import RunMode
-
-    from lrlhf.utils.distributed import launched_processes
-
-    given = any(o.lstrip("+").split("=", 1)[0] == "hydra.run.dir" for o in hydra_cfg.overrides.hydra)
-    if launched_processes() > 1 and hydra_cfg.mode == RunMode.RUN and not given:
-        raise ValueError(f"{launched_processes()} processes were launched (torchrun / srun): pass "
-                         "hydra.run.dir=<a folder every rank shares>, or each rank names its own run folder")
 
 
 def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:
@@ -549,8 +279,9 @@ def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:
 
 
 #: What a user's input can get wrong (a config value, a data file, a model folder, a refused resume) and the run-time
-#: invariant checks: reported as one message, the traceback only with HYDRA_FULL_ERROR=1 or LRLHF_DEBUG=1.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, InvariantError)
+#: invariant checks (a non-finite loss, a broken PPO invariant): reported as one message, the traceback only with
+#: HYDRA_FULL_ERROR=1 or LRLHF_DEBUG=1.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, FloatingPointError, InvariantError)
 
 
 def _task(cfg: DictConfig) -> dict:
@@ -565,6 +296,21 @@ def _task(cfg: DictConfig) -> dict:
         raise SystemExit(1) from None
 
 
+def _refuse_moved_keys(args: list[str]) -> None:
+    """An override of a key that moved (Hydra would only say it is not in the struct) fails naming the new key."""
+    keys = [a.lstrip("+~").split("=", 1)[0] for a in args]
+    if not any(k.startswith(("module.config.", "callbacks.kl_control")) for k in keys):
+        return
+    from lrlhf.modules.ppo_config import MOVED_KEYS
+
+    for key in keys:
+        if key.startswith("callbacks.kl_control"):
+            raise SystemExit(f"lrlhf: error: {key} is gone: the KL controller is module.kl_controller "
+                             "(module/kl_controller=adaptive|fixed, module.kl_controller.kl_coef=...)")
+        if key.startswith("module.config.") and key[len("module.config."):] in MOVED_KEYS:
+            raise SystemExit(f"lrlhf: error: {key} is gone: set {MOVED_KEYS[key[len('module.config.'):]]}")
+
+
 def main(argv: list[str] | None = None) -> None:
     """``--verbose`` (or ``LRLHF_VERBOSE=1``) shows everything (:mod:`lrlhf.utils.console`); a run stopped by
     SIGTERM / SIGINT (:class:`~lrlhf.callbacks.StopOnSignal`) ends with the command that resumes it."""
@@ -575,6 +321,7 @@ def main(argv: list[str] | None = None) -> None:
     if not (ROOT / "configs" / "train.yaml").is_file():
         raise SystemExit(f"lrlhf: no configs/train.yaml under {ROOT}; run from a checkout (pip install -e .)")
     verbose, args = verbose_requested(list(sys.argv[1:] if argv is None else argv))
+    _refuse_moved_keys(args)
     setup_console(verbose, wandb_offline=_wandb_offline())
     register()
     sys.argv = [sys.argv[0], *args]
@@ -583,7 +330,7 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit as stop:
         stopping = sys.modules.get("lrlhf.callbacks.stop")  # loaded by every run that trains
         if stopping is not None and isinstance(stop, stopping.TrainingStopped):
-            _close_process_group()  # every rank stopped at the same boundary; none may exit with the group open
+            close_process_group()  # every rank stopped at the same boundary; none may exit with the group open
             if stop.global_zero:
                 print(stop.message(args), flush=True)
         raise

@@ -105,8 +105,9 @@ def _stage_done(out_dir: Path) -> bool:
 
 
 def validate(cfg: DictConfig) -> None:
-    """Build every ``_target_`` config node under ``module`` that is a plain config (cheap, no model loaded),
-    so a bad value fails now, naming its key, rather than after minutes of work."""
+    """Build every ``_target_`` config node under ``module`` that is a plain config (cheap, no model loaded: a
+    dataclass, or a class with ``built_when_planning = True``), so a bad value fails now, naming its key, rather
+    than after minutes of work."""
     from hydra.utils import get_class, instantiate
 
     def visit(node, where: str) -> None:
@@ -115,11 +116,12 @@ def validate(cfg: DictConfig) -> None:
         target = node.get("_target_")
         if target is not None:
             cls = get_class(target)
-            if getattr(cls, "__dataclass_fields__", None) is not None:
+            if getattr(cls, "__dataclass_fields__", None) is not None or getattr(cls, "built_when_planning", False):
                 try:
                     instantiate(node, _convert_="all")
                 except Exception as err:
-                    raise ValueError(f"{where}: {_root_cause(err)}") from err
+                    cause = str(_root_cause(err))  # its own message may already name the key
+                    raise ValueError(cause if cause.startswith(f"{where}.") else f"{where}: {cause}") from err
                 return
         for key in node:
             visit(node._get_node(key), f"{where}.{key}")
@@ -291,3 +293,17 @@ def _renamed(err: Exception, message: str) -> Exception:
         return type(err)(message)
     except TypeError:
         return ValueError(message)
+
+
+def check_shared_run_dir(hydra_cfg) -> None:
+    """Several processes started by torchrun or srun each resolve Hydra's default run folder (a timestamp) on
+    their own: they must be given one (Lightning's own launcher passes its run folder to the processes it
+    starts)."""
+    from hydra.types import RunMode
+
+    from lrlhf.utils.distributed import launched_processes
+
+    given = any(o.lstrip("+").split("=", 1)[0] == "hydra.run.dir" for o in hydra_cfg.overrides.hydra)
+    if launched_processes() > 1 and hydra_cfg.mode == RunMode.RUN and not given:
+        raise ValueError(f"{launched_processes()} processes were launched (torchrun / srun): pass "
+                         "hydra.run.dir=<a folder every rank shares>, or each rank names its own run folder")

@@ -10,6 +10,9 @@ same FSDP1 wrapping on CPU with gloo (``docs/distributed.md``).
 :func:`fully_shard_model` itself, so the LightningModules need no parallelism code. It runs on GPU (NCCL) and on
 CPU (gloo) alike. PPO needs it: its manual optimisation runs several forward/backward passes per Trainer batch,
 which FSDP1's root unit (wrapped around ``training_step`` by Lightning) refuses.
+
+After ``fit``: :func:`whole_module` gathers a sharded (or replicated) trained module whole on rank 0 for the export
+and the evaluations, :func:`restore_sharded_weights` loads a sharded checkpoint folder back into the sharded model.
 """
 
 from __future__ import annotations
@@ -283,5 +286,104 @@ def load_sharded_checkpoint(module: nn.Module, path, strict: bool = True) -> dic
     return torch.load(path / "meta.pt", weights_only=True)
 
 
+
+
+# ------------------------------------------------------------------- the trained model whole, after fit
+def whole_module(module, trainer, build):
+    """The trained module as one unsharded model on global rank 0, for the export and the evaluations after
+    training; None on the other ranks. One process: ``module`` itself.
+
+    Several processes: a collective (every rank calls it). A replica (``ddp``) is ``module`` on rank 0; a sharded
+    model is gathered whole on rank 0 (``fsdp2``: ``get_model_state_dict`` with a full state dict offloaded to
+    the CPU; ``fsdp``: the parameters unsharded) and loaded into a fresh, unsharded module built from
+    ``build()`` (a callable returning a new module of the same config). Its torchmetrics are told not to sync (only
+    rank 0 evaluates).
+    """
+    from lrlhf.utils.distributed import rank, world_size
+
+    if world_size() == 1:
+        return module
+    fsdp1 = is_fsdp_wrapped(trainer.strategy.model)
+    if fsdp1 or any(type(p).__name__ == "DTensor" for p in module.parameters()):
+        state = _fsdp1_full_state(trainer.strategy.model, module) if fsdp1 else _fsdp2_full_state(module)
+        if rank() != 0:
+            return None
+        whole = build()
+        whole.configure_model()
+        whole.load_state_dict({name: state[name] for name in whole.state_dict()})
+        whole.to(torch.device("cpu"))
+    elif rank() != 0:
+        return None
+    else:
+        whole = module
+    no_metric_sync(whole)
+    return whole
+
+
+def _fsdp2_full_state(module) -> dict:
+    """The full state dict of an FSDP2-sharded ``module`` on rank 0's CPU (empty on the others); a collective."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def _fsdp1_full_state(root, module) -> dict:
+    """The parameters and buffers of ``module`` under the FSDP1 unit ``root``, whole, copied on rank 0 (empty on
+    the others); a collective. Every rank unshards them (``summon_full_params``) for the copy: FSDP1's full state
+    dict, and ``summon_full_params(rank0_only=True, offload_to_cpu=True)``, segfaulted on CPU (gloo) with torch
+    2.13."""
+    from itertools import chain
+
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    from lrlhf.utils.distributed import rank
+
+    with FullyShardedDataParallel.summon_full_params(root, writeback=False):
+        if rank() != 0:
+            return {}
+        return {name.replace("_fsdp_wrapped_module.", ""): tensor.detach().clone()
+                for name, tensor in chain(module.named_parameters(), module.named_buffers())}
+
+
+def no_metric_sync(module) -> None:
+    """Let the torchmetrics of ``module`` compute without gathering across ranks (rank 0 evaluates alone)."""
+    from torchmetrics import Metric
+
+    for metric in module.modules():
+        if isinstance(metric, Metric):  # (its constructor argument; read by every sync)
+            metric.distributed_available_fn = _one_process
+
+
+def _one_process() -> bool:
+    return False
+
+
+def restore_sharded_weights(trainer, path) -> None:
+    """Load a sharded checkpoint folder (``strategy=fsdp2``, or ``fsdp`` with ``state_dict_type: sharded``) into
+    the trained, still sharded model: every rank reads its own shards (a collective). Refused, naming the
+    folder, under a strategy that cannot read it."""
+    if not is_sharded(trainer):
+        raise RuntimeError(f"{path} is a sharded checkpoint (a folder of per-rank shards) and this run's strategy "
+                           f"{type(trainer.strategy).__name__} does not write or read sharded checkpoints; restore "
+                           "it under the strategy that wrote it (e.g. strategy=fsdp2)")
+    # the chosen weights only (training is over; rollout 0's checkpoint has no optimiser state yet): every rank
+    # reads its own shards of the model, the optimisers are hidden from the strategy's loader meanwhile
+    strategy, optimizers = trainer.strategy, trainer.strategy.optimizers
+    strategy.optimizers = []
+    try:
+        strategy.load_checkpoint(path)
+    finally:
+        strategy.optimizers = optimizers
+
+
+def is_sharded(trainer) -> bool:
+    """True when ``trainer``'s strategy writes sharded checkpoints (a folder with one shard per rank)."""
+    strategy = trainer.strategy
+    if isinstance(strategy, ModelParallelStrategy):
+        return bool(strategy._save_distributed_checkpoint)
+    return isinstance(strategy, FSDPStrategy) and strategy._state_dict_type == "sharded"
+
+
 __all__ = ["CPUFSDPStrategy", "DecoderLayerWrapPolicy", "FSDP2Strategy", "decoder_layer_classes",
-           "full_params_for_generation", "fully_shard_model", "is_fsdp_wrapped", "load_sharded_checkpoint"]
+           "full_params_for_generation", "fully_shard_model", "is_fsdp_wrapped", "is_sharded",
+           "load_sharded_checkpoint", "no_metric_sync", "restore_sharded_weights", "whole_module"]

@@ -7,8 +7,10 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from lrlhf.data.datamodules import PromptDataModule
 from lrlhf.data.toy import WorldSizes, build_world
+from lrlhf.functional import FixedKLController
 from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
 from lrlhf.modules import PPOConfig, PPOModule
+from lrlhf.modules.critic import ValueAdapter
 
 BATCH = 4
 
@@ -30,14 +32,16 @@ def make_data(world, tokenizer, batch_size=BATCH):
     return PromptDataModule(tokenizer, train=str(world.rl_prompts), batch_size=batch_size, max_length=64, seed=3)
 
 
-def make_module(world, tokenizer, cls=PPOModule, **overrides):
-    """The base and the reward model loaded from the world's folder (a reward model with a random head)."""
+def make_module(world, tokenizer, cls=PPOModule, kl_controller=None, **overrides):
+    """The base and the reward model loaded from the world's folder (a reward model with a random head); a
+    ``value`` adapter critic; ``kl_controller`` (default a fixed beta 0.1); ``overrides`` of the PPOConfig."""
     config = dict(max_new_tokens=6, ppo_epochs=1, minibatch_size=2, forward_batch_size=4, lr=5e-2,
-                  kl_coef=0.1, policy_lora=LoraSpec(r=2), value_lora=LoraSpec(r=2))
+                  policy_lora=LoraSpec(r=2))
     config.update(overrides)
     torch.manual_seed(0)
     reward = ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
-    return cls(ModelConfig(str(world.model)), reward, tokenizer, PPOConfig(**config))
+    return cls(ModelConfig(str(world.model)), reward, tokenizer, PPOConfig(**config),
+               critic=ValueAdapter(LoraSpec(r=2)), kl_controller=kl_controller or FixedKLController(0.1))
 
 
 def make_trainer(tmp_path, rollouts, module, callbacks=(), **kw):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from lrlhf.callbacks import KLControlCallback, ResumableCheckpoint
+from lrlhf.callbacks import ResumableCheckpoint
+from lrlhf.functional import AdaptiveKLController, FixedKLController
 from lrlhf.modules import PPOModule
 from lrlhf.modules.reward import RewardCalibration
 
@@ -24,24 +25,23 @@ class RecordSamples(PPOModule):
         super().__init__(*a, **kw)
         self.sampled = []
 
-    def generate(self, query_ids, query_mask):
-        ids = super().generate(query_ids, query_mask)
-        self.sampled.append(ids.clone())
-        return ids
+    def make_rollout(self, batch):
+        rollout = super().make_rollout(batch)
+        self.sampled.append(rollout.response_ids.clone())
+        return rollout
 
 
 def _run(world, tokenizer, root, rollouts, ckpt_path=None, kl=True, keep_last_k=2, **ckpt_kw):
-    module = make_module(world, tokenizer, cls=RecordSamples)
-    callbacks = [KLControlCallback("adaptive", target=0.5, horizon=20.0)] if kl else []
-    callbacks.append(ResumableCheckpoint(dirpath=root / "ckpt", keep_last_k=keep_last_k, **ckpt_kw))
+    controller = AdaptiveKLController(0.1, target=0.5, horizon=20.0) if kl else FixedKLController(0.1)
+    module = make_module(world, tokenizer, cls=RecordSamples, kl_controller=controller)
+    callbacks = [ResumableCheckpoint(dirpath=root / "ckpt", keep_last_k=keep_last_k, **ckpt_kw)]
     trainer = make_trainer(root, rollouts, module, callbacks)
     trainer.fit(module, datamodule=make_data(world, tokenizer), ckpt_path=ckpt_path)
     return module, trainer
 
 
 def _trained(module):
-    return {n: p.detach().clone() for n, p in module.model.named_parameters() if "lora_" in n} | {
-        f"value_head.{n}": p.detach().clone() for n, p in module.value_head.named_parameters()}
+    return {n: p.detach().clone() for n, p in module.named_parameters() if "lora_" in n or n.startswith("critic.")}
 
 
 @pytest.mark.parametrize("n, m", [(2, 3), (3, 2)], ids=["mid-epoch", "epoch-end"])
@@ -75,14 +75,15 @@ def test_checkpoint_has_no_frozen_weights_and_loads_weights_only(world, tokenize
     assert sorted(p.name for p in folder.iterdir()) == ["last.ckpt", "rollout=000002.ckpt", "rollout=000003.ckpt"]
     ckpt = torch.load(folder / "last.ckpt", weights_only=True)
     keys = set(ckpt["state_dict"])
-    assert keys and all("lora_" in k or k.startswith("value_head.") for k in keys)
+    assert keys and all("lora_" in k or k.startswith("critic.head.") for k in keys)
     meta = ckpt["lrlhf"]
     assert {k.split(".")[0] for k in meta["frozen_keys"]} == {"model", "reward_model"}
     assert set(meta["frozen"]) == {"model", "reward_model"}
     assert meta["rollouts_done"] == 3 and meta["global_step"] == trainer.global_step
     assert {"torch", "lightning", "transformers", "peft", "lrlhf"} <= set(meta["versions"])
     assert ckpt["PromptDataModule"]["train_sampler"]["epoch"] == 1  # 3 batches = one whole epoch
-    assert ckpt["kl_controller"]["value"] == module.kl_controller.value
+    assert ckpt["kl_controller"] == {"value": module.kl_controller.value}  # beta, saved once: by the module
+    assert not any("kl" in key.lower() for key in ckpt["callbacks"])
 
 
 @pytest.mark.slow
@@ -120,7 +121,7 @@ def test_sigkill_mid_write_leaves_last_intact_and_resumable(world, tokenizer, tm
 
 
 def test_resume_refuses_other_config_and_other_frozen_weights(world, tokenizer, tmp_path):
-    _run(world, tokenizer, tmp_path, 1)
+    _run(world, tokenizer, tmp_path, 1, kl=False)  # make_module's fixed beta 0.1
     data = make_data(world, tokenizer)
 
     module = make_module(world, tokenizer, lr=1e-3)
@@ -144,14 +145,17 @@ def test_resume_refuses_other_config_and_other_frozen_weights(world, tokenizer, 
 
     # keys whose value Lightning restores from the checkpoint (the optimiser's param_groups, the LR scheduler's
     # state, the KL controller) are refused even where a pattern allows them: the new value would not be used
-    for key, value, why in (("lr", 1e-3, "optimiser state"), ("weight_decay", 0.1, "optimiser state"),
-                            ("betas", (0.8, 0.99), "optimiser state"), ("warmup_steps", 1, "LR scheduler state"),
-                            ("kl_coef", 0.2, "KL controller state")):
-        module = make_module(world, tokenizer, **{key: value}, **({"total_steps": 9} if key == "warmup_steps" else {}))
+    for part, key, kwargs, why in (
+            ("ppo", "lr", {"lr": 1e-3}, "optimiser state"),
+            ("ppo", "weight_decay", {"weight_decay": 0.1}, "optimiser state"),
+            ("ppo", "betas", {"betas": (0.8, 0.99)}, "optimiser state"),
+            ("ppo", "warmup_steps", {"warmup_steps": 1, "total_steps": 9}, "LR scheduler state"),
+            ("kl_controller", "kl_coef", {"kl_controller": FixedKLController(0.2)}, "KL controller state")):
+        module = make_module(world, tokenizer, **kwargs)
         trainer = make_trainer(tmp_path, 2, module, [ResumableCheckpoint(
-            dirpath=tmp_path / "ckpt", allowed_config_changes=["hparams.ppo.*"])])
-        with pytest.raises(ValueError, match=rf"config hparams.ppo.{key}: .* \(allowed by 'hparams.ppo.\*', but "
-                                             rf"restored from the checkpoint's {why}.*would not take effect"):
+            dirpath=tmp_path / "ckpt", allowed_config_changes=[f"hparams.{part}.*"])])
+        with pytest.raises(ValueError, match=rf"config hparams.{part}.{key}: .* \(allowed by 'hparams.{part}.\*', "
+                                             rf"but restored from the checkpoint's {why}.*would not take effect"):
             trainer.fit(module, datamodule=data, ckpt_path="last")
 
     # an allowed change that the run does use resumes, with the new value
@@ -170,3 +174,13 @@ def test_refusals_name_where_the_frozen_parts_were_loaded_from(world, tokenizer)
                                                                  "runs/rm_lora/model")):
         module = PPOModule(ModelConfig(str(world.model)), source, tokenizer)  # nothing is loaded yet
         assert ResumableCheckpoint._sources(module) == {"model": str(world.model), "reward_model": expected}
+
+
+def test_a_resume_that_trains_nothing_still_has_the_last_logged_figures(world, tokenizer, tmp_path):
+    """The kill loop (bench/kill_loop.py) found it: killed after the final checkpoint but before summary.json, the
+    rerun resumed at the end, trained nothing, and reported rollout/kl_seq and rollout/score as null."""
+    _, first = _run(world, tokenizer, tmp_path, 2)
+    logged = {k: float(first.callback_metrics[k]) for k in ("rollout/kl_seq", "rollout/score")}
+    again, trainer = _run(world, tokenizer, tmp_path, 2, ckpt_path="last")  # already at its max_steps
+    assert again.rollouts_done == 2
+    assert {k: float(trainer.callback_metrics[k]) for k in logged} == logged

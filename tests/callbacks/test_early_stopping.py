@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from lrlhf.callbacks import HeldOutUtilityEarlyStopping, ResumableCheckpoint
-from lrlhf.data.toy import gold_utility
+from lrlhf.eval.best_of_n import toy_gold_judge
 
 from .conftest import BATCH, make_data, make_module, make_trainer
 from .test_checkpoint import RecordSamples
@@ -50,8 +50,6 @@ def test_stops_at_the_right_evaluation_and_keeps_the_best_by_utility(world, toke
 def test_a_run_that_only_gets_worse_keeps_and_exports_the_starting_policy(world, tokenizer, tmp_path):
     # issue #20 item 13: rollout 0 (the policy before any update) was never scored, so the best of the ruined
     # rollouts was "chosen" and exported
-    from lrlhf.cli import _restore_best
-
     es = Scripted([0.5, 0.3, 0.2, 0.1, 0.0], prompts=str(world.eval_prompts), every_n_rollouts=1, patience=3)
     module = make_module(world, tokenizer)
     trainer = make_trainer(tmp_path, 5, module, [es, ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
@@ -65,7 +63,7 @@ def test_a_run_that_only_gets_worse_keeps_and_exports_the_starting_policy(world,
     trained = best["state_dict"]  # the trained weights only (adapters, value head)
     assert trained and all(torch.equal(v, es.start_weights[k]) for k, v in trained.items())
     assert any(not torch.equal(module.state_dict()[k], v) for k, v in trained.items())  # the updates moved them
-    chosen = _restore_best(trainer, module)  # what the CLI exports
+    chosen = es.stage_summary(trainer, module)  # what the CLI exports
     assert chosen["chosen/rollout"] == 0 and chosen["chosen/starting_policy"] is True
     assert all(torch.equal(module.state_dict()[k], v) for k, v in es.start_weights.items())
     summary = json.loads((tmp_path / "heldout_history.json").read_text())
@@ -75,8 +73,6 @@ def test_a_run_that_only_gets_worse_keeps_and_exports_the_starting_policy(world,
 def test_a_run_shorter_than_every_n_rollouts_keeps_its_final_policy(world, tokenizer, tmp_path):
     # rollout 0 is the only evaluation: the trained policy was never scored, so nothing is chosen (the CLI exports
     # the final policy, as before rollout 0 was evaluated) and a warning says why
-    from lrlhf.cli import _restore_best
-
     es = Scripted([0.5], prompts=str(world.eval_prompts), every_n_rollouts=5, patience=1, plot=False)
     module = make_module(world, tokenizer)
     trainer = make_trainer(tmp_path, 2, module, [es])
@@ -85,7 +81,7 @@ def test_a_run_shorter_than_every_n_rollouts_keeps_its_final_policy(world, token
         trainer.fit(module, datamodule=make_data(world, tokenizer))
     assert [h["rollout"] for h in es.history] == [0] and es.chosen is None and not es.kept_start
     final = {k: v.clone() for k, v in module.state_dict().items()}
-    assert _restore_best(trainer, module) == {}
+    assert es.stage_summary(trainer, module) == {}
     assert all(torch.equal(module.state_dict()[k], v) for k, v in final.items())
 
 
@@ -105,10 +101,19 @@ def test_state_survives_a_resume(world, tokenizer, tmp_path):
     assert [h["rollout"] for h in resumed.history] == [0, 1, 2, 3, 4]  # rollout 0 is not evaluated again
 
 
+class RecordEvaluationSamples(RecordSamples):
+    """Also keeps the held-out evaluations' samples (early stopping samples through ``generate``)."""
+
+    def generate(self, query_ids, query_mask):
+        ids = super().generate(query_ids, query_mask)
+        self.sampled.append(ids.clone())
+        return ids
+
+
 @pytest.mark.slow
 def test_real_evaluation_is_deterministic_and_leaves_training_randomness_alone(world, tokenizer, tmp_path):
     def run(root, callbacks):
-        module = make_module(world, tokenizer, cls=RecordSamples)
+        module = make_module(world, tokenizer, cls=RecordEvaluationSamples)
         make_trainer(root, 2, module, callbacks).fit(module, datamodule=make_data(world, tokenizer))
         return module
 
@@ -127,7 +132,7 @@ def test_real_evaluation_is_deterministic_and_leaves_training_randomness_alone(w
     fresh = make_module(world, tokenizer)
     fresh.configure_model()
     assert abs(es.evaluate(None, fresh)["kl"]) < 1e-6  # zero-init LoRA: the policy is the reference
-    assert es.utility is gold_utility
+    assert es.utility is toy_gold_judge  # resolved as eval.judge is (lrlhf.eval.judges.resolve_judge)
 
 
 def test_a_held_out_prompt_with_special_token_text_is_refused_at_setup(world, tokenizer):

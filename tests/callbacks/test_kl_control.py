@@ -1,71 +1,63 @@
-"""KLControlCallback: beta's direction against the target, one update per rollout, state across a resume."""
+"""KL control is the module's: its controller (by ``_target_``) moves beta towards the target once per rollout, the
+module logs what the controller decided, beta is checkpointed once (test_checkpoint.py), and the callback that
+used to own it refuses to be built, naming the keys that replaced it."""
 
 from types import SimpleNamespace
 
 import pytest
 
 from lrlhf.callbacks import KLControlCallback
-from lrlhf.modules import PPOConfig
+from lrlhf.functional import AdaptiveKLController, FixedKLController
+from lrlhf.modules import PPOConfig, PPOModule
+
+from .conftest import make_data, make_module, make_trainer
 
 
-def _module(**config):
-    return SimpleNamespace(config=PPOConfig(**config), kl_controller=None)
-
-
-def _feed(callback, module, kl, n=16):
-    """What PPOModule.update_kl_controller does once per rollout."""
-    module.kl_controller.update(kl, n_steps=n)
+def _update(controller, kl, n=16, estimator="k1"):
+    """PPOModule.update_kl_controller, once, on a stand-in module (one process: the global mean is the KL)."""
+    module = SimpleNamespace(kl_controller=controller, config=PPOConfig(kl_estimator=estimator))
+    return PPOModule.update_kl_controller(module, {"rollout/kl_seq": kl, "rollout/size": float(n)})
 
 
 @pytest.mark.parametrize("kl, direction", [(9.0, 1), (3.0, -1), (6.0, 0)])
-def test_adaptive_beta_moves_towards_the_target(kl, direction):
-    cb = KLControlCallback("adaptive", init_kl_coef=0.1, target=6.0, horizon=100.0)
-    module = _module()
-    cb.setup(None, module, "fit")
-    assert module.kl_controller is cb.controller
-    _feed(cb, module, kl)
+def test_adaptive_beta_moves_towards_the_target_and_the_module_logs_why(kl, direction):
+    controller = AdaptiveKLController(0.1, target=6.0, horizon=100.0)
+    logged = _update(controller, kl)
     # e = clip(kl / 6 - 1, +-0.2): 9 -> +0.2, 3 -> -0.2, 6 -> 0; beta = 0.1 * (1 + e * 16 / 100)
-    expected = {1: 0.1 * (1 + 0.2 * 0.16), -1: 0.1 * (1 - 0.2 * 0.16), 0: 0.1}[direction]
-    assert module.kl_controller.value == pytest.approx(expected, rel=1e-12)
-    assert cb.controller.last_kl == kl
+    error = {1: 0.2, -1: -0.2, 0: 0.0}[direction]
+    assert controller.value == pytest.approx(0.1 * (1 + error * 0.16), rel=1e-12)
+    assert logged == {"kl/beta_next": controller.value, "kl/seq_sum_k1": kl, "kl/target": 6.0, "kl/error": error}
 
 
-def test_fixed_beta_never_moves_and_defaults_to_the_module_coef():
-    cb = KLControlCallback("fixed")
-    module = _module(kl_coef=0.3)
-    cb.setup(None, module, "fit")
+def test_fixed_beta_never_moves_and_logs_only_itself():
+    controller = FixedKLController(0.3)
     for kl in (0.0, 50.0):
-        _feed(cb, module, kl)
-    assert module.kl_controller.value == 0.3
+        logged = _update(controller, kl, estimator="k3")
+    assert controller.value == 0.3 and logged == {"kl/beta_next": 0.3, "kl/seq_sum_k3": 50.0}
 
 
-def test_state_is_restored_on_resume_and_never_reset():
-    cb = KLControlCallback("adaptive", init_kl_coef=0.1, target=1.0, horizon=10.0)
-    module = _module()
-    cb.setup(None, module, "fit")
-    for _ in range(3):
-        _feed(cb, module, 5.0, n=4)
-    state = cb.state_dict()
-    # a new run: Lightning restores callback state before or after setup; both keep the beta
-    for before_setup in (True, False):
-        fresh, fresh_module = KLControlCallback("adaptive", init_kl_coef=0.1, target=1.0, horizon=10.0), _module()
-        if before_setup:
-            fresh.load_state_dict(state)
-        fresh.setup(None, fresh_module, "fit")
-        if not before_setup:
-            fresh.load_state_dict(state)
-        assert fresh_module.kl_controller.value == module.kl_controller.value == 0.1 * 1.08 ** 3
-        _feed(fresh, fresh_module, 5.0, n=4)
-        assert fresh_module.kl_controller.value == pytest.approx(0.1 * 1.08 ** 4, rel=1e-12)
+class CountedAdaptive(AdaptiveKLController):
+    def update(self, current_kl, n_steps):
+        self.seen = [*getattr(self, "seen", []), (current_kl, n_steps)]
+        return super().update(current_kl, n_steps)
 
 
-def test_config_errors_name_the_key():
-    with pytest.raises(ValueError, match="callbacks.kl_control.controller"):
-        KLControlCallback("pid")
-    cb = KLControlCallback("fixed", estimator="k3")
-    with pytest.raises(ValueError, match="ppo.kl_estimator='k1'"):
-        cb.setup(None, _module(), "fit")
-    with pytest.raises(ValueError, match="cannot resume the KL controller"):
-        fixed = KLControlCallback("fixed")
-        fixed.setup(None, _module(), "fit")
-        fixed.load_state_dict({"kind": "adaptive", "value": 1.0, "target": 1.0, "horizon": 1.0, "clip": 0.2})
+def test_one_update_per_rollout_in_a_fit_and_the_next_rollout_uses_it(world, tokenizer, tmp_path):
+    controller = CountedAdaptive(0.1, target=0.5, horizon=20.0)
+    module = make_module(world, tokenizer, kl_controller=controller)
+    trainer = make_trainer(tmp_path, 2, module)
+    trainer.fit(module, datamodule=make_data(world, tokenizer))
+    assert module.kl_controller is controller and len(controller.seen) == 2  # once per rollout, by the module
+    replay = AdaptiveKLController(0.1, target=0.5, horizon=20.0)
+    for kl, n in controller.seen:
+        replay.update(kl, n)
+    assert controller.value == replay.value != 0.1 and controller.seen[0][1] == 4  # n_steps: the rollout's rows
+    metrics = trainer.callback_metrics
+    assert metrics["kl/beta_next"].item() == pytest.approx(controller.value, rel=1e-6)
+    assert metrics["kl/seq_sum_k1"].item() == pytest.approx(controller.seen[-1][0], rel=1e-6)
+
+
+def test_the_old_callback_names_the_keys_that_replaced_it():
+    with pytest.raises(ValueError, match=r"callbacks.kl_control is gone: the KL controller is module.kl_controller"
+                                         r".*module/kl_controller=adaptive\|fixed.*module.kl_controller.kl_coef"):
+        KLControlCallback("adaptive", target=6.0)

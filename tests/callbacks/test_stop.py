@@ -9,7 +9,8 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from lrlhf.callbacks import KLControlCallback, ResumableCheckpoint, StopOnSignal, TrainingStopped
+from lrlhf.callbacks import ResumableCheckpoint, StopOnSignal, TrainingStopped
+from lrlhf.functional import AdaptiveKLController
 
 from .conftest import make_data, make_module, make_trainer
 
@@ -30,8 +31,8 @@ class SignalAt(Callback):
 
 
 def _fit(world, tokenizer, root, rollouts, *extra, ckpt_path=None):
-    module = make_module(world, tokenizer)
-    callbacks = [KLControlCallback("adaptive", target=0.5, horizon=20.0), *extra, StopOnSignal(stage="ppo"),
+    module = make_module(world, tokenizer, kl_controller=AdaptiveKLController(0.1, target=0.5, horizon=20.0))
+    callbacks = [*extra, StopOnSignal(stage="ppo"),
                  ResumableCheckpoint(dirpath=root / "ckpt", every_n_rollouts=100)]  # no periodic save here
     trainer = make_trainer(root, rollouts, module, callbacks)
     trainer.fit(module, datamodule=make_data(world, tokenizer), ckpt_path=ckpt_path)

@@ -4,7 +4,7 @@ import pytest
 
 from lrlhf.data.records import PromptExample
 from lrlhf.eval.best_of_n import toy_gold_judge
-from lrlhf.eval.judges import judge_pairs, resolve_judge
+from lrlhf.eval.judges import judge_pairs, resolve_judge, score_responses
 
 PROMPT = PromptExample([{"role": "user", "content": "q"}])
 
@@ -50,3 +50,26 @@ def test_resolve_judge():
         resolve_judge("nonsense")
     with pytest.raises(ValueError, match="eval.judge='math:nope'"):
         resolve_judge("math:nope")
+
+
+class LengthBatch:
+    """A pointwise judge that scores a batch at once (no ``__call__``)."""
+
+    def score_batch(self, records, texts):
+        return [len(t) for t in texts]
+
+
+def test_one_resolver_for_eval_judge_and_the_early_stopping_utility():
+    key = "callbacks.early_stopping.utility"
+    assert resolve_judge("toy_gold", key=key) is toy_gold_judge
+    batch = LengthBatch()
+    assert resolve_judge(batch, key=key) is batch
+    assert score_responses(batch, [PROMPT] * 2, ["ab", ""]) == [2.0, 0.0]
+    assert score_responses(lambda p, r: len(r) + 1, [PROMPT] * 2, ["ab", ""]) == [3.0, 1.0]
+    assert judge_pairs([PROMPT], ["abc"], ["a"], batch) == ([3.0], [1.0], [False])  # batch judges compare too
+    with pytest.raises(ValueError, match=r"callbacks\.early_stopping\.utility must be toy_gold, rm:<folder> or "):
+        resolve_judge("gold", key=key)
+    with pytest.raises(ValueError, match=r"callbacks\.early_stopping\.utility must be .*score_batch; got 3"):
+        resolve_judge(3, key=key)
+    with pytest.raises(ValueError, match=r"callbacks\.early_stopping\.utility='math:pi' is not callable"):
+        resolve_judge("math:pi", key=key)

@@ -62,18 +62,19 @@ def test_estimators_sample_mean_nonnegative_on_policy_samples(estimator):
 def test_fixed_controller():
     ctl = FixedKLController(0.05)
     assert ctl.update(100.0, 256) == 0.05 and ctl.value == 0.05
-    with pytest.raises(ValueError, match="kl_coef"):
+    with pytest.raises(ValueError, match="module.kl_controller.kl_coef must be >= 0, got -1.0"):
         FixedKLController(-1.0)
 
 
 def test_adaptive_controller_by_hand():
-    ctl = AdaptiveKLController(init_kl_coef=0.1, target=6.0, horizon=10_000)
+    ctl = AdaptiveKLController(kl_coef=0.1, target=6.0, horizon=10_000)
     # KL 9: error 9/6 - 1 = 0.5 clipped to 0.2 -> beta * (1 + 0.2 * 256 / 10000)
     assert ctl.update(9.0, 256) == pytest.approx(0.1 * 1.00512, abs=1e-12)
     # KL 5.4: error 5.4/6 - 1 = -0.1 -> beta * (1 - 0.1 * 256 / 10000)
     assert ctl.update(5.4, 256) == pytest.approx(0.1 * 1.00512 * 0.99744, abs=1e-12)
     # KL 0: error -1 clipped to -0.2
     assert ctl.update(0.0, 256) == pytest.approx(0.1 * 1.00512 * 0.99744 * 0.99488, abs=1e-12)
+    assert ctl.stats() == {"target": 6.0, "error": -0.2}  # what the module logs as kl/target, kl/error
 
 
 def test_adaptive_controller_resume_continues_the_sequence():
@@ -83,13 +84,14 @@ def test_adaptive_controller_resume_continues_the_sequence():
     first = AdaptiveKLController(0.2, target=6.0, horizon=1000)
     for k in kls[:3]:
         first.update(k, 64)
-    resumed = AdaptiveKLController(1.0, target=1.0, horizon=1.0)  # wrong settings, overwritten by the state
+    resumed = AdaptiveKLController(1.0, target=6.0, horizon=1000)  # another starting beta, replaced by the state
+    assert first.state_dict() == {"value": first.value}  # beta only: the settings are the config's
     resumed.load_state_dict(first.state_dict())
     assert [resumed.update(k, 64) for k in kls[3:]] == values[3:]
 
 
-@pytest.mark.parametrize("kwargs", [dict(init_kl_coef=0.0), dict(target=0.0), dict(horizon=0.0)])
+@pytest.mark.parametrize("kwargs", [dict(kl_coef=0.0), dict(target=0.0), dict(horizon=0.0), dict(clip=-1.0)])
 def test_adaptive_controller_validates(kwargs):
-    args = dict(init_kl_coef=0.1, target=6.0, horizon=100.0) | kwargs
-    with pytest.raises(ValueError, match=next(iter(kwargs))):
+    args = dict(kl_coef=0.1, target=6.0, horizon=100.0) | kwargs
+    with pytest.raises(ValueError, match=f"module.kl_controller.{next(iter(kwargs))} must be > 0"):
         AdaptiveKLController(**args)

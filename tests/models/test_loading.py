@@ -105,6 +105,18 @@ def test_a_complete_folder_still_loads(tmp_path, tiny_llama):
     assert load_tokenizer(cfg).pad_token == "</s>"
 
 
+def test_one_tokenizer_loader_takes_a_config_a_path_or_a_tokenizer(tmp_path, tiny_llama):
+    from lrlhf.data.datamodules import load_tokenizer as data_loader
+
+    save_model(tiny_llama, tmp_path)
+    assert data_loader is load_tokenizer  # one implementation (lrlhf.utils.model_source), re-exported
+    for source in (ModelConfig(str(tmp_path)), str(tmp_path), tmp_path):
+        assert load_tokenizer(source).pad_token == "</s>"  # the folder checks and the pad guarantee for each
+    tokenizer = load_tokenizer(str(tmp_path))
+    assert load_tokenizer(tokenizer) is tokenizer  # a tokenizer (it has a name_or_path too) is used as is
+    assert message_of(load_tokenizer, str(tmp_path / "gone")).endswith(": no such folder")
+
+
 def test_a_tokenizer_only_folder_loads_a_tokenizer_and_is_not_a_model(tmp_path, tiny_llama):
     save_model(tiny_llama, tmp_path)
     for path in [tmp_path / "config.json", *tmp_path.glob("*.safetensors")]:

@@ -1,6 +1,7 @@
 """PPOModule: alignment, reference, adapter isolation, terminal rewards, frozen rollouts, hooks, guards, fit."""
 
 import math
+import re
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -11,9 +12,13 @@ from lightning.pytorch.loggers import CSVLogger
 from lrlhf.data.datamodules import PromptDataModule
 from lrlhf.data.formats import load_records
 from lrlhf.data.toy import WorldSizes, build_world
-from lrlhf.functional import ResponseMasks
+from lrlhf.functional import FixedKLController, ResponseMasks
 from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
 from lrlhf.modules import PPOConfig, PPOModule
+from lrlhf.modules.advantages import GAE, GRPO, RLOO
+from lrlhf.modules.critic import ValueAdapter
+from lrlhf.modules.ppo import MOVED_KEYS
+from lrlhf.modules.rollout import Sampled
 
 BATCH = 4
 
@@ -41,13 +46,18 @@ def _batch(world, tokenizer):
     return next(iter(data.train_dataloader()))
 
 
-def _module(world, tokenizer, cls=PPOModule, **overrides):
+def _module(world, tokenizer, cls=PPOModule, advantage=None, critic=None, kl_coef=0.05, **overrides):
+    """The toy PPO module: GAE and a ``value`` adapter of rank 4 unless ``advantage`` / ``critic`` say otherwise."""
     config = dict(max_new_tokens=8, ppo_epochs=2, minibatch_size=2, forward_batch_size=3, lr=5e-2,
-                  policy_lora=LoraSpec(r=4), value_lora=LoraSpec(r=4))
+                  policy_lora=LoraSpec(r=4))
     config.update(overrides)
+    advantage = advantage or GAE()
+    if critic is None and advantage.needs_critic:
+        critic = ValueAdapter(LoraSpec(r=4))
     torch.manual_seed(0)
     reward = ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
-    module = cls(load_causal_lm(ModelConfig(str(world.model))), reward, tokenizer, PPOConfig(**config))
+    module = cls(load_causal_lm(ModelConfig(str(world.model))), reward, tokenizer, PPOConfig(**config),
+                 advantage=advantage, critic=critic, kl_controller=FixedKLController(kl_coef))
     module.configure_model()
     return module
 
@@ -62,14 +72,6 @@ def _fit(module, world, tokenizer, rollouts, tmp_path, logger=False, **kw):
 
 def _snapshot(module):
     return {n: p.detach().clone() for n, p in module.model.named_parameters()}
-
-
-def _value_tol(head, hidden):
-    """Bound on the difference of two fp32 computations of ``head(hidden)``: each side's dot product of length H
-    rounds by at most H u sum_i |w_i h_i| (+ u |b|), u = 2^-24; the trunks' own roundings of ``hidden`` (a few u
-    relative: padded vs alone, cached vs full) stay well inside it."""
-    scale = (hidden.abs() @ head.linear.weight.abs().T).squeeze(-1) + head.linear.bias.abs()
-    return 2 * hidden.shape[-1] * 2.0**-24 * scale
 
 
 # ------------------------------------------------------------------------------------------- alignment
@@ -99,87 +101,6 @@ def test_first_update_ratio_is_one_for_every_token(world, tokenizer, tmp_path):
         torch.testing.assert_close(log_ratio.exp(), torch.ones_like(log_ratio), atol=1e-5, rtol=0)
 
 
-def test_shared_trunk_first_ratio_is_one_and_values_come_from_the_policy_pass(world, tokenizer, tmp_path):
-    module = _module(world, tokenizer, cls=RecordRatios, value_from_policy=True)
-    assert "value" not in module.model.peft_config  # one adapter: the critic reads the policy's trunk
-    with torch.no_grad():
-        module.value_head.linear.weight.normal_()
-    rollout = module.make_rollout(_batch(world, tokenizer))
-    # the values of the shared pass equal the old values (a no-grad pass of the policy trunk) and the
-    # direct computation: the policy adapter's last hidden state at the column before each action
-    logprobs, _, values = module.policy_value_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
-    valid = rollout.action_mask
-    ids, mask, pos = module._sequence(rollout.query_ids, rollout.query_mask, rollout.response_ids)
-    with torch.no_grad():
-        trunk = module.model.get_base_model().model(input_ids=ids, attention_mask=mask, position_ids=pos)
-    tol = _value_tol(module.value_head, trunk.last_hidden_state[:, rollout.query_ids.shape[1] - 1:-1])
-    assert ((values - rollout.values).abs() <= tol)[valid].all()
-    torch.testing.assert_close(logprobs[valid], rollout.logprobs[valid], atol=1e-5, rtol=0)
-    row, n = 0, int(rollout.masks.lengths[0])
-    prompt = rollout.query_ids[row][rollout.query_mask[row].bool()]
-    ids = torch.cat([prompt, rollout.response_ids[row, :n]])[None]
-    with torch.no_grad():
-        hidden = module.model.get_base_model().model(input_ids=ids).last_hidden_state[0]
-        direct = module.value_head(hidden[len(prompt) - 1:len(prompt) - 1 + n])
-    tol = _value_tol(module.value_head, hidden[len(prompt) - 1:len(prompt) - 1 + n])
-    assert ((rollout.values[row, :n] - direct).abs() <= tol).all()
-    # training: ratio 1 at the first minibatch of each rollout; the value loss moves the policy adapter
-    before = _snapshot(module)
-    _fit(module, world, tokenizer, 2, tmp_path)
-    assert len(module.first_log_ratios) == 2
-    for log_ratio in module.first_log_ratios:
-        assert log_ratio.numel() > 0
-        torch.testing.assert_close(log_ratio.exp(), torch.ones_like(log_ratio), atol=1e-5, rtol=0)
-    after = _snapshot(module)
-    assert any(not torch.equal(after[n], before[n]) for n in after if "lora_B" in n)
-    assert all(torch.equal(after[n], before[n]) for n in after if "lora_" not in n)
-
-
-class CountPasses(PPOModule):
-    calls: dict
-
-    def policy_forward(self, *a):
-        self.calls["policy"] = self.calls.get("policy", 0) + 1
-        return super().policy_forward(*a)
-
-    def value_forward(self, *a):
-        self.calls["value"] = self.calls.get("value", 0) + 1
-        return super().value_forward(*a)
-
-
-@pytest.mark.parametrize("shared", [False, True])
-def test_rollout_takes_old_logprobs_and_shared_values_from_sampling(world, tokenizer, shared):
-    module = _module(world, tokenizer, cls=CountPasses, value_from_policy=shared, forward_batch_size=BATCH)
-    module.calls = {}
-    rollout = module.make_rollout(_batch(world, tokenizer))
-    assert module.calls == ({} if shared else {"value": 1})  # no policy scoring forward; no value one if shared
-    logprobs, _ = module.policy_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
-    valid = rollout.action_mask
-    torch.testing.assert_close(rollout.logprobs[valid], logprobs[valid], atol=1e-5, rtol=0)
-
-
-@pytest.mark.parametrize("shared", [False, True])
-def test_recompute_old_logprobs_takes_them_from_a_full_forward(world, tokenizer, shared):
-    module = _module(world, tokenizer, cls=CountPasses, value_from_policy=shared, forward_batch_size=BATCH,
-                     recompute_old_logprobs=True)
-    module.calls = {}
-    rollout = module.make_rollout(_batch(world, tokenizer))
-    assert module.calls == {"policy": 1, "value": 1}  # one chunk: the scoring forwards run again
-    with torch.no_grad():
-        logprobs, _ = module.policy_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
-        values = module.value_forward(rollout.query_ids, rollout.query_mask, rollout.response_ids)
-    valid = rollout.action_mask
-    assert torch.equal(rollout.logprobs[valid], logprobs[valid])  # the update's own computation, bit for bit
-    assert torch.equal(rollout.values[valid], values.float()[valid])
-
-
-def test_shared_trunk_refuses_a_separate_value_model(world, tokenizer):
-    with pytest.raises(ValueError, match="ppo.value_from_policy=True puts the value head on the policy's trunk"):
-        PPOModule(load_causal_lm(ModelConfig(str(world.model))), ScalarModel(load_causal_lm(ModelConfig(str(
-            world.model)))), tokenizer, PPOConfig(value_from_policy=True),
-            value_model=ScalarModel(load_causal_lm(ModelConfig(str(world.model)))))
-
-
 def test_logprobs_at_temperature_07_match_a_direct_computation(world, tokenizer):
     module = _module(world, tokenizer, temperature=0.7, max_new_tokens=10)
     with torch.no_grad():  # a non-zero policy adapter, so the policy differs from the base
@@ -205,29 +126,11 @@ def test_logprobs_at_temperature_07_match_a_direct_computation(world, tokenizer)
     # (the sampler's draws follow these probabilities: tests/models/test_generation.py)
 
 
-def test_values_read_at_the_state_before_each_action(world, tokenizer):
-    module = _module(world, tokenizer)
-    with torch.no_grad():
-        module.value_head.linear.weight.normal_()
-    rollout = module.make_rollout(_batch(world, tokenizer))
-    row = 0
-    prompt = rollout.query_ids[row][rollout.query_mask[row].bool()]
-    n = int(rollout.masks.lengths[row])
-    ids = torch.cat([prompt, rollout.response_ids[row, :n]])[None]
-    module.model.set_adapter("value")
-    with torch.no_grad():
-        hidden = module.model.get_base_model().model(input_ids=ids).last_hidden_state[0]
-        direct = module.value_head(hidden[len(prompt) - 1:len(prompt) - 1 + n])
-    module.model.set_adapter("policy")
-    tol = _value_tol(module.value_head, hidden[len(prompt) - 1:len(prompt) - 1 + n])
-    assert ((rollout.values[row, :n] - direct).abs() <= tol).all()
-
-
 # ------------------------------------------------------------------------------- roles and adapters
 def test_reference_is_a_separately_loaded_frozen_base_and_adapters_train_in_isolation(world, tokenizer, tmp_path):
     module = _module(world, tokenizer)
     before = _snapshot(module)
-    head_before = module.value_head.linear.weight.detach().clone()
+    head_before = module.critic.head.linear.weight.detach().clone()
     _fit(module, world, tokenizer, 2, tmp_path)
     after = _snapshot(module)
     base_names = [n for n in after if "lora_" not in n]
@@ -235,7 +138,7 @@ def test_reference_is_a_separately_loaded_frozen_base_and_adapters_train_in_isol
     for adapter in ("policy", "value"):
         names = [n for n in after if "lora_B" in n and f".{adapter}." in n]
         assert names and any(not torch.equal(after[n], before[n]) for n in names), adapter
-    assert not torch.equal(module.value_head.linear.weight, head_before)
+    assert not torch.equal(module.critic.head.linear.weight, head_before)
     assert not any(p.requires_grad for p in module.reward_model.parameters())
 
     # the reference (adapters disabled) equals a separately loaded base; the policy no longer does
@@ -267,8 +170,8 @@ class Stubbed(PPOModule):
     responses: torch.Tensor
     scores: torch.Tensor
 
-    def generate(self, query_ids, query_mask):
-        return self.responses
+    def sample(self, query_ids, query_mask, max_new_tokens=None):
+        return Sampled(self.responses)  # no log-probs: a scoring forward computes them
 
     def score(self, query_ids, query_mask, response_ids, masks: ResponseMasks):
         return self.scores[:query_ids.shape[0]] if len(self.scores) == query_ids.shape[0] else self._chunk_scores()
@@ -281,7 +184,7 @@ def test_terminal_score_added_once_at_the_last_valid_action(world, tokenizer):
     eos = tokenizer.eos_token_id
     w = tokenizer.convert_tokens_to_ids(tokenizer.tokenize("1")[0])
     module = _module(world, tokenizer, cls=Stubbed, kl_coef=0.0, forward_batch_size=BATCH, missing_eos_penalty=0.5,
-                     lam=1.0)
+                     advantage=GAE(lam=1.0))
     module.responses = torch.tensor([
         [w, eos, w, eos],   # EOS mid-sequence -> terminal 1 (the rest is after the stop)
         [w, w, w, eos],     # EOS at the last slot -> terminal 3
@@ -354,23 +257,28 @@ def test_non_finite_reward_stops_before_any_optimiser_step(world, tokenizer, tmp
 
 @pytest.mark.parametrize(
     ("kwargs", "key"),
-    [({"clip_eps": 1.5}, "ppo.clip_eps must be in (0, 1)"), ({"temperature": 0.0}, "ppo.temperature"),
-     ({"advantage_estimator": "rloo"}, "ppo.samples_per_prompt must be >= 2"),
-     ({"advantage_estimator": "vtrace"}, "ppo.advantage_estimator must be one of"),
-     ({"kl_estimator": "k9"}, "ppo.kl_estimator"),
-     ({"value_from_policy": True, "advantage_estimator": "grpo", "samples_per_prompt": 2},
-      "ppo.value_from_policy needs advantage_estimator='gae'")],
+    [({"clip_eps": 1.5}, "module.config.clip_eps must be in (0, 1), got 1.5"),
+     ({"temperature": 0.0}, "module.config.temperature must be > 0"),
+     ({"kl_estimator": "k9"}, "module.config.kl_estimator must be one of"),
+     # keys that moved to the estimator, the critic and the KL controller name their new key
+     ({"advantage_estimator": "rloo"}, "module.config.advantage_estimator is gone: set module.advantage._target_"),
+     ({"kl_coef": 0.1}, "module.config.kl_coef is gone: set module.kl_controller.kl_coef"),
+     ({"samples_per_prompt": 4}, "set module.advantage.samples_per_prompt"),
+     ({"value_from_policy": True}, "set module.critic._target_=lrlhf.modules.critic.SharedTrunk"),
+     ({"vf_coef": 0.5}, "set module.critic.vf_coef"), ({"whiten_scope": "local"}, "set module.advantage.whiten_scope")],
 )
 def test_config_errors_name_the_key(kwargs, key):
-    with pytest.raises(ValueError, match=key.replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(ValueError, match=re.escape(key)):
         PPOConfig(**kwargs)
+    assert not hasattr(PPOConfig(), next(iter(kwargs))) or next(iter(kwargs)) not in MOVED_KEYS  # not fields
 
 
 # ---------------------------------------------------------------------------------------------- fit
 @pytest.mark.parametrize("estimator", ["rloo", "grpo"])
 def test_group_estimators_train_without_a_critic(world, tokenizer, tmp_path, estimator):
-    module = _module(world, tokenizer, advantage_estimator=estimator, samples_per_prompt=2, ppo_epochs=1)
-    assert module.value_head is None and "value" not in module.model.peft_config
+    advantage = {"rloo": RLOO, "grpo": GRPO}[estimator](samples_per_prompt=2)
+    module = _module(world, tokenizer, advantage=advantage, ppo_epochs=1)
+    assert module.critic is None and "value" not in module.model.peft_config and module.policy_name == estimator
     rollout = module.make_rollout(_batch(world, tokenizer))
     assert torch.equal(rollout.query_ids[0::2], rollout.query_ids[1::2])  # a prompt's two samples are adjacent
     # The expectation in fp64 from the rollout's own per-action rewards: each pair's sequence rewards r (P, 2),
@@ -427,8 +335,8 @@ def test_smollm2_gguf_two_ppo_steps_with_lora(tmp_path, smollm2_config):
     # the same base as a (random-head) reward model: what matters here is that the loop runs on a real LM
     reward = ScalarModel(load_causal_lm(cfg))
     config = PPOConfig(max_new_tokens=6, ppo_epochs=1, minibatch_size=2, forward_batch_size=2, lr=1e-4,
-                       policy_lora=LoraSpec(r=4), value_lora=LoraSpec(r=4))
-    module = PPOModule(load_causal_lm(cfg), reward, tokenizer, config)
+                       policy_lora=LoraSpec(r=4))
+    module = PPOModule(load_causal_lm(cfg), reward, tokenizer, config, critic=ValueAdapter(LoraSpec(r=4)))
     module.configure_model()
     prompts = [PromptExample([{"role": "user", "content": f"Count to {n}."}]) for n in range(2, 6)]
     data = PromptDataModule(tokenizer, train=prompts, batch_size=2, max_length=64)
@@ -462,8 +370,9 @@ def test_reward_adapter_on_the_policy_base_scores_like_the_merged_rm(world, toke
 
     rm_dir = _lora_reward_export(world, tmp_path / "rm")
     config = PPOConfig(max_new_tokens=8, ppo_epochs=1, minibatch_size=2, forward_batch_size=3, lr=5e-2,
-                       policy_lora=LoraSpec(r=4), value_lora=LoraSpec(r=4))
-    module = PPOModule(ModelConfig(str(world.model)), RewardAdapter(str(rm_dir)), tokenizer, config)
+                       policy_lora=LoraSpec(r=4))
+    module = PPOModule(ModelConfig(str(world.model)), RewardAdapter(str(rm_dir)), tokenizer, config,
+                       critic=ValueAdapter(LoraSpec(r=4)))
     module.configure_model()
     # one copy of the base: the reward role owns only its head
     assert [n for n, _ in module.reward_model.named_parameters()] == ["head.linear.weight", "head.linear.bias"]

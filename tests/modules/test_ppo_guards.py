@@ -14,8 +14,10 @@ import lrlhf.utils.compat as compat
 from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
 from lrlhf.models.generation import CacheNotUsedError, sample_with_logprobs
 from lrlhf.modules import PPOConfig, PPOModule
+from lrlhf.modules.critic import ValueAdapter
 from lrlhf.modules.guards import RATIO_TOLERANCE, run_precision
 from lrlhf.modules.reward import RewardCalibration
+from lrlhf.modules.rollout import Sampled
 from lrlhf.utils.errors import InvariantError
 
 from .test_ppo import (  # noqa: F401 (fixtures)
@@ -85,11 +87,27 @@ def test_without_the_cache_check_the_self_check_stops_the_contextless_sampler(wo
 
 # ---------------------------------------------------------------------------------- the first-update ratio
 class OffPolicySampler(PPOModule):
-    """Old log-probs off by 0.2 nats per action: what a sampler/scorer mismatch looks like to the update."""
+    """Old log-probs off by 0.2 nats per action in the rollouts (the self-check's short samples are left alone):
+    what a sampler/scorer mismatch looks like to the update."""
 
-    def sample(self, query_ids, query_mask):
-        ids, logprobs, values = super().sample(query_ids, query_mask)
-        return ids, logprobs + 0.2, values
+    def sample(self, query_ids, query_mask, max_new_tokens=None):
+        ids, logprobs, values = super().sample(query_ids, query_mask, max_new_tokens)
+        return Sampled(ids, logprobs + 0.2 if max_new_tokens is None else logprobs, values)
+
+
+class OffPolicyEverywhere(PPOModule):
+    def sample(self, query_ids, query_mask, max_new_tokens=None):
+        ids, logprobs, values = super().sample(query_ids, query_mask, max_new_tokens)
+        return Sampled(ids, logprobs + 0.2, values)
+
+
+def test_the_self_check_runs_a_subclass_sampler_the_rollouts_use(world, tokenizer, tmp_path):
+    """One sampling hook: the sampler self-check samples with the subclass's own ``sample``, so a sampler whose
+    log-probs are off is stopped before the first rollout."""
+    module = _module(world, tokenizer, cls=OffPolicyEverywhere)
+    with pytest.raises(InvariantError, match=r"sampler self-check.*mean \|ratio - 1\| = 0\.181"):
+        _fit(module, world, tokenizer, 1, tmp_path)
+    assert module.rollouts_done == 0
 
 
 def test_first_update_ratio_guard_stops_before_any_optimiser_step(world, tokenizer, tmp_path):
@@ -112,7 +130,7 @@ def test_first_update_ratio_guard_bound_and_switch_are_config(world, tokenizer, 
     off = _module(world, tokenizer, cls=OffPolicySampler, check_invariants=False)
     _fit(off, world, tokenizer, 1, tmp_path)
     assert off.rollouts_done == 1
-    with pytest.raises(ValueError, match="ppo.first_ratio_tolerance must be > 0"):
+    with pytest.raises(ValueError, match="module.config.first_ratio_tolerance must be > 0"):
         PPOConfig(first_ratio_tolerance=0.0)
 
 
@@ -176,8 +194,8 @@ def _dropout_module(world, tokenizer, cls, p=0.3):
     policy = AutoModelForCausalLM.from_pretrained(str(world.model), attention_dropout=p)
     reward = ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
     config = PPOConfig(max_new_tokens=8, ppo_epochs=2, minibatch_size=2, forward_batch_size=3, lr=5e-2,
-                       policy_lora=LoraSpec(r=4, dropout=p), value_lora=LoraSpec(r=4, dropout=p))
-    module = cls(policy, reward, tokenizer, config)
+                       policy_lora=LoraSpec(r=4, dropout=p))
+    module = cls(policy, reward, tokenizer, config, critic=ValueAdapter(LoraSpec(r=4, dropout=p)))
     module.configure_model()
     return module
 
@@ -185,9 +203,9 @@ def _dropout_module(world, tokenizer, cls, p=0.3):
 class TrainModeRatios(RecordRatios):
     """Records the first ratios and whether any dropout module was in train mode while sampling or scoring."""
 
-    def sample(self, query_ids, query_mask):
+    def sample(self, query_ids, query_mask, max_new_tokens=None):
         self.sampled_in_train_mode = any(m.training for m in self.model.modules())
-        return super().sample(query_ids, query_mask)
+        return super().sample(query_ids, query_mask, max_new_tokens)
 
 
 class TrainModeBeforeEachBatch(pl.Callback):

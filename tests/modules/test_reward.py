@@ -10,12 +10,13 @@ from lightning.pytorch import Trainer
 from torch.utils.data import DataLoader
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from lrlhf.data.collate import pad_to_multiple
 from lrlhf.data.datamodules import PreferenceDataModule
 from lrlhf.data.toy import WorldSizes, build_world
-from lrlhf.functional import ranking_loss
+from lrlhf.functional import margin_summary, ranking_loss
 from lrlhf.models import LoraSpec, ModelConfig
-from lrlhf.modules import RewardConfig, RewardModule, compute_calibration, load_reward_model
-from lrlhf.modules.reward import CALIBRATION_FILE, HEAD_FILE, load_calibration, margin_summary, pad_to_multiple
+from lrlhf.models.reward import CALIBRATION_FILE, HEAD_FILE, load_calibration, load_reward_model
+from lrlhf.modules import RewardConfig, RewardModule, compute_calibration
 
 VOCAB = 64
 
@@ -268,6 +269,17 @@ def _keys(pairs):
 
 
 # ---------------------------------------------------------------------------------------------- export / load
+def test_the_reward_artefact_names_stay_importable_from_modules():
+    import lrlhf.models.reward as artefact
+    import lrlhf.modules as modules
+    import lrlhf.modules.reward as training
+
+    for name in ("RewardCalibration", "load_calibration", "load_reward_model", "attach_reward_adapter"):
+        assert getattr(modules, name) is getattr(training, name) is getattr(artefact, name)
+    for name in ("CALIBRATION_FILE", "HEAD_FILE", "ADAPTER_NAME", "ADAPTER_DIR"):
+        assert getattr(training, name) == getattr(artefact, name)
+
+
 @pytest.mark.parametrize("lora", [None, LoraSpec(r=4)], ids=["full", "lora"])
 def test_export_then_load_gives_the_same_scores(world, tmp_path, lora):
     module = RewardModule(ModelConfig(str(world.model)), RewardConfig(lr=1e-2, lora=lora), tokenizer=world.tokenizer)

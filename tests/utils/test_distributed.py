@@ -9,13 +9,14 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from lrlhf.functional import AdaptiveKLController, gae, masked_whiten
-from lrlhf.modules import PPOConfig, PPOModule
+from lrlhf.modules import PPOModule
+from lrlhf.modules.advantages import GAE
 from lrlhf.utils.distributed import any_across_ranks, global_all_reduce, global_weighted_mean, world_size
 
 # Rank 0 holds rows 0-1, rank 1 rows 2-5: unequal shares, so a mean of per-rank means would be wrong.
 SHARES = [slice(0, 2), slice(2, 6)]
 CONFIG = dict(gamma=0.9, lam=0.8)
-KL_TARGET = dict(init_kl_coef=0.1, target=1.0, horizon=100)
+KL_TARGET = dict(kl_coef=0.1, target=1.0, horizon=100)
 
 
 def _batch():
@@ -43,7 +44,7 @@ def _whiten_tol(x, mask, out):
 
 
 def _module(scope):
-    return PPOModule(nn.Linear(1, 1), nn.Linear(1, 1), config=PPOConfig(whiten_scope=scope, **CONFIG),
+    return PPOModule(nn.Linear(1, 1), nn.Linear(1, 1), advantage=GAE(whiten_scope=scope, **CONFIG),
                      kl_controller=AdaptiveKLController(**KL_TARGET))
 
 
@@ -110,5 +111,5 @@ def test_kl_controller_sees_the_global_mean_kl_on_every_rank(ranks):
 
 
 def test_whiten_scope_is_validated():
-    with pytest.raises(ValueError, match="ppo.whiten_scope must be one of"):
-        PPOConfig(whiten_scope="world")
+    with pytest.raises(ValueError, match="module.advantage.whiten_scope must be one of"):
+        GAE(whiten_scope="world")

@@ -7,10 +7,10 @@ Each takes plain keyword arguments, so a Hydra ``callbacks/<name>.yaml`` with a 
 from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
 from lrlhf.callbacks.csv_logger import ResumableCSVLogger
 from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
-from lrlhf.callbacks.goodhart import plot_goodhart
 from lrlhf.callbacks.kl_control import KLControlCallback
 from lrlhf.callbacks.progress import RunProgressBar, console_callbacks
 from lrlhf.callbacks.stop import StopOnSignal, TrainingStopped
+from lrlhf.eval.plots import plot_goodhart  # kept importable from here; it lives in eval/plots.py
 
 __all__ = [
     "HeldOutUtilityEarlyStopping",

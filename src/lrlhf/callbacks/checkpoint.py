@@ -2,8 +2,8 @@
 
 :class:`ResumableCheckpoint` is a ``ModelCheckpoint`` subclass, so ``trainer.fit(..., ckpt_path="last")`` finds
 its ``last.ckpt``. Lightning's checkpoint already holds the trained weights, optimisers, schedulers, loop
-progress (global step), callback states (the KL controller, early stopping) and the datamodule's sampler
-position; the module's ``on_save_checkpoint`` adds the KL controller and ``rollouts_done``. This callback adds
+progress (global step), callback states (early stopping) and the datamodule's sampler position; the module's
+``on_save_checkpoint`` adds the KL controller's state (beta, saved once) and ``rollouts_done``. This callback adds
 what is missing and makes the write safe:
 
 - **When**: after a Trainer batch, i.e. after a whole rollout and its update epochs (never mid-update), every
@@ -62,6 +62,7 @@ from lrlhf.callbacks.checkpoint_io import (
     checkpoint_problem,
     fall_back,
 )
+from lrlhf.strategies import is_sharded
 from lrlhf.utils.io import recover_folder, swap_folder_in
 from lrlhf.utils.state import (
     flatten,
@@ -112,16 +113,6 @@ def config_problems(old: dict, new: dict, allowed: tuple[str, ...] | list[str] =
     return problems
 
 
-def is_sharded(trainer: pl.Trainer) -> bool:
-    """True when ``trainer``'s strategy writes sharded checkpoints (a folder with one shard per rank)."""
-    from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
-
-    strategy = trainer.strategy
-    if isinstance(strategy, ModelParallelStrategy):
-        return bool(strategy._save_distributed_checkpoint)
-    return isinstance(strategy, FSDPStrategy) and strategy._state_dict_type == "sharded"
-
-
 def _all_ranks(value: Any) -> list[Any]:
     """``value`` of every rank, in rank order (``[value]`` in a single process). A collective."""
     import torch.distributed as dist
@@ -152,6 +143,17 @@ def atomic_save_checkpoint(trainer: pl.Trainer, path: str | Path) -> Path:
         _fsync(path.parent)
     trainer.strategy.barrier("atomic_save_checkpoint")
     return path
+
+
+def _scalar_metrics(metrics: dict) -> dict[str, float]:
+    """The one-number entries of ``trainer.callback_metrics`` as floats (weights-only loadable)."""
+    out = {}
+    for key, value in metrics.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError, RuntimeError):  # a tensor of several numbers, or not a number
+            continue
+    return out
 
 
 def _plain(value: Any) -> Any:
@@ -213,6 +215,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._pl_module: pl.LightningModule | None = None
         self._frozen_identity: dict | None = None
         self._next_rng: dict | None = None
+        self._restored_metrics: dict[str, float] = {}
         self.saved: list[str] = []
 
     @property
@@ -238,6 +241,16 @@ class ResumableCheckpoint(ModelCheckpoint):
             trainer.strategy.checkpoint_io = io.inner
 
     # -------------------------------------------------------------------------------------- the loop
+    def on_fit_start(self, trainer, pl_module) -> None:
+        """A resumed run starts with the metrics the checkpoint's run had last logged (Lightning clears them after
+        restoring the callbacks): a run resumed from its final checkpoint trains nothing and still reports its last
+        figures."""
+        import torch
+
+        restored, self._restored_metrics = self._restored_metrics, {}
+        for key, value in restored.items():
+            trainer.callback_metrics.setdefault(key, torch.tensor(value))
+
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self._step_at_batch_start = trainer.global_step
         if self._next_rng is not None:  # the state the previous rollout ended in (or the resumed one)
@@ -346,6 +359,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             "sharded": sharded,
             "rollouts_done": self._rollouts(trainer, pl_module),
             "global_step": trainer.global_step,
+            "metrics": _scalar_metrics(trainer.callback_metrics),  # what was last logged (for a resume's summary)
         }
         # Lightning's copy of the hyperparameters may hold objects a weights-only load refuses
         if "hyper_parameters" in checkpoint:
@@ -410,6 +424,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             return
         if "state_dict" not in checkpoint:  # sharded: the checkpoint IO (and its verify) was not used
             self.verify(checkpoint, getattr(trainer, "ckpt_path", None))
+        self._restored_metrics = dict(meta.get("metrics") or {})
         per_rank = meta.get("rng_per_rank") or [meta["rng"]]
         # this rank's stream; a run resumed on another number of ranks continues rank 0's on every rank
         self._next_rng = per_rank[trainer.global_rank] if len(per_rank) == trainer.world_size else meta["rng"]

@@ -5,10 +5,14 @@ held-out prompts (disjoint from the RL prompts) with the policy's sampling confi
 RNG (the training RNG stream is untouched), and measures on the same samples:
 
 - ``utility``: a scorer that is **not** the training reward: the toy world's gold utility by default; any
-  callable ``(prompt_record, response_text) -> float`` (a rule set, a separate held-out reward model wrapped as
-  a callable), or an object with ``score_batch(prompt_records, response_texts) -> list[float]``;
+  callable ``(prompt_record, response_text) -> float`` (a rule set, a separate held-out reward model), or an object
+  with ``score_batch(prompt_records, response_texts) -> list[float]``; by name as for ``eval.judge``
+  (:func:`lrlhf.eval.judges.resolve_judge`: ``toy_gold``, ``rm:<folder>``, ``<module>:<callable>``);
 - ``proxy``: the training reward model's score, calibrated as in the rewards (no penalty, no clip);
 - ``kl``: the mean over responses of the per-sequence sum of k1 (``logp - ref_logp``) against the reference.
+
+Sampling and measuring are ``recipe=eval``'s held-out path (:func:`lrlhf.eval.heldout.sample_held_out`), here
+through the PPO module's own hooks (:class:`lrlhf.eval.heldout.ModuleHooks`).
 
 Rollout 0, the starting policy before any update, is evaluated at ``on_train_start`` and is the first candidate: a
 run whose updates only made things worse keeps (and the CLI exports) the policy it started from, and says so.
@@ -33,30 +37,15 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from lrlhf.callbacks.checkpoint import atomic_save_checkpoint
-from lrlhf.callbacks.goodhart import plot_goodhart
-from lrlhf.data.collate import collate_prompts
 from lrlhf.data.records import PromptExample
 from lrlhf.data.tokenize import encode_prompt
-from lrlhf.functional import kl_k1, masked_sum, response_masks
-from lrlhf.models.generation import as_prompt, cut_at_eos
+from lrlhf.eval.heldout import ModuleHooks, sample_held_out
+from lrlhf.eval.judges import resolve_judge, score_responses
+from lrlhf.eval.plots import plot_goodhart
+from lrlhf.models.generation import as_prompt
 from lrlhf.utils.io import atomic_write_text
 
 Utility = Callable[[Any, str], float]
-UTILITIES = ("toy_gold",)
-
-
-def resolve_utility(utility: str | Utility | Any) -> Any:
-    """A utility by name (``toy_gold``), or the callable / ``score_batch`` object itself."""
-    if isinstance(utility, str):
-        if utility == "toy_gold":
-            from lrlhf.data.toy import gold_utility
-
-            return gold_utility
-        raise ValueError(f"callbacks.early_stopping.utility must be one of {list(UTILITIES)}, a callable "
-                         f"(prompt_record, response_text) -> float or an object with score_batch; got {utility!r}")
-    if not callable(utility) and not hasattr(utility, "score_batch"):
-        raise ValueError(f"callbacks.early_stopping.utility must be callable or have score_batch, got {utility!r}")
-    return utility
 
 
 class HeldOutUtilityEarlyStopping(Callback):
@@ -64,8 +53,9 @@ class HeldOutUtilityEarlyStopping(Callback):
 
     Args:
         prompts: held-out prompts: a path read with ``load_records(path, "prompt")`` or a list of records.
-        utility: ``"toy_gold"``, a callable ``(prompt_record, response_text) -> float``, or an object with
-            ``score_batch(records, texts)``. Must not be the training reward model.
+        utility: ``"toy_gold"``, ``"rm:<folder>"``, ``"<module>:<callable>"``, a callable
+            ``(prompt_record, response_text) -> float``, or an object with ``score_batch(records, texts)``
+            (:func:`lrlhf.eval.judges.resolve_judge`). Must not be the training reward model.
         every_n_rollouts: evaluate after every n-th rollout.
         patience: evaluations without improvement before stopping; None = never stop (still keeps the best).
         min_delta: an improvement counts when ``utility > best + min_delta``.
@@ -109,7 +99,7 @@ class HeldOutUtilityEarlyStopping(Callback):
         self.prompts = [as_prompt(p) for p in prompts]
         if not self.prompts:
             raise ValueError("callbacks.early_stopping.prompts is empty")
-        self.utility = resolve_utility(utility)
+        self.utility = resolve_judge(utility, key="callbacks.early_stopping.utility")
         if plot and importlib.util.find_spec("matplotlib") is None:
             raise ValueError("callbacks.early_stopping.plot=True needs matplotlib (pip install matplotlib), "
                              "or set plot=False")
@@ -142,39 +132,15 @@ class HeldOutUtilityEarlyStopping(Callback):
     def evaluate(self, trainer: pl.Trainer, pl_module) -> dict[str, float]:
         """``{"utility", "proxy", "kl", "length"}`` means over the held-out samples (see the module docstring).
 
-        Uses the PPO module's hooks: ``generate`` (its sampling config), ``policy_forward``,
-        ``reference_logprobs``, ``score`` and ``calibration``. Override to evaluate something else.
+        Uses the PPO module's hooks (:class:`~lrlhf.eval.heldout.ModuleHooks`): ``generate`` (its sampling config),
+        ``policy_forward``, ``reference_logprobs``, ``score`` and ``calibration``. Override to evaluate something
+        else.
         """
-        records = [p for p in self.prompts for _ in range(self.n_samples)]
-        encoded = [encode_prompt(pl_module.tokenizer, p, max_length=self.max_prompt_length, truncation="left",
-                                 special_text="error") for p in records]
-        device = pl_module.device
-        eos_ids = set(pl_module.eos_token_ids)
-        texts: list[str] = []
-        kls, proxies, lengths = [], [], []
-        devices = [device] if device.type == "cuda" else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(self.seed)
-            for start in range(0, len(encoded), self.batch_size):
-                batch = collate_prompts(encoded[start:start + self.batch_size], pl_module.pad_token_id)
-                q, qm = batch["input_ids"].to(device), batch["attention_mask"].to(device)  # (B, P)
-                r = pl_module.generate(q, qm)  # (B, R)
-                masks = response_masks(r, pl_module.eos_token_ids, pl_module.pad_token_id)
-                logprobs, _ = pl_module.policy_forward(q, qm, r)
-                ref = pl_module.reference_logprobs(q, qm, r)
-                kls.append(masked_sum(kl_k1(logprobs, ref), masks.action_mask, dim=1).float().cpu())
-                raw = pl_module.score(q, qm, r, masks)
-                calibration = getattr(pl_module, "calibration", None)
-                proxies.append((calibration.normalise(raw) if calibration is not None else raw).float().cpu())
-                lengths.append(masks.lengths.float().cpu())
-                texts += [pl_module.tokenizer.decode(cut_at_eos(row, eos_ids), skip_special_tokens=True)
-                          for row in r.tolist()]
-        if hasattr(self.utility, "score_batch"):
-            utilities = [float(u) for u in self.utility.score_batch(records, texts)]
-        else:
-            utilities = [float(self.utility(rec, text)) for rec, text in zip(records, texts, strict=True)]
-        return {"utility": sum(utilities) / len(utilities), "proxy": torch.cat(proxies).mean().item(),
-                "kl": torch.cat(kls).mean().item(), "length": torch.cat(lengths).mean().item()}
+        samples = sample_held_out(ModuleHooks(pl_module), self.prompts, self.n_samples, self.seed, self.batch_size,
+                                  self.max_prompt_length)
+        utilities = score_responses(self.utility, samples.records, samples.texts)
+        return {"utility": sum(utilities) / len(utilities), "proxy": samples.proxy.mean().item(),
+                "kl": samples.kl.mean().item(), "length": samples.lengths.float().mean().item()}
 
     # ---------------------------------------------------------------------------------------- hooks
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -275,6 +241,28 @@ class HeldOutUtilityEarlyStopping(Callback):
                            "Likely causes: module.config.lr too high, or too few rollouts to improve")
 
     # -------------------------------------------------------------------------------------- outputs
+    def stage_summary(self, trainer: pl.Trainer, pl_module) -> dict:
+        """For the stage's summary (``lrlhf.modules.stage``): load the checkpoint this callback chose (by held-out
+        utility, never by training reward) into ``pl_module`` and say which; {} when nothing was chosen. Every rank
+        calls it (a sharded checkpoint is read collectively)."""
+        from lrlhf.strategies import restore_sharded_weights
+
+        if self.chosen is None:
+            return {}
+        found = {"chosen/rollout": self.chosen["rollout"], "chosen/heldout_utility": self.chosen["utility"],
+                 "chosen/starting_policy": self.kept_start,  # rollout 0: no update improved on the start
+                 "goodhart_plot": str(Path(trainer.log_dir or trainer.default_root_dir) / "goodhart.png")}
+        if self.best_model_path and Path(self.best_model_path).is_dir():
+            restore_sharded_weights(trainer, Path(self.best_model_path))
+            found["chosen/checkpoint"] = self.best_model_path
+        elif self.best_model_path:
+            state = torch.load(self.best_model_path, map_location="cpu", weights_only=True)["state_dict"]
+            unexpected = pl_module.load_state_dict(state, strict=False).unexpected_keys  # frozen weights not saved
+            if unexpected:
+                raise RuntimeError(f"{self.best_model_path}: unexpected weights {unexpected[:5]}")
+            found["chosen/checkpoint"] = self.best_model_path
+        return found
+
     def _dirpath(self, trainer: pl.Trainer) -> Path:
         if self.dirpath is not None:
             return self.dirpath

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 
 from lrlhf.data.tokenize import Encoded, EncodedPair, EncodedPrompt, EncodedRanking
 
@@ -27,6 +28,19 @@ def pad_sequences(seqs: Sequence[torch.Tensor], value, *, left: bool = False) ->
         else:
             out[row, : len(seq)] = seq
     return out
+
+
+def pad_to_multiple(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad ``(B, T)`` ids (with id 0) and mask (with 0) to the next multiple of ``multiple`` columns.
+
+    The new columns are masked out, so every real token's hidden state and each row's last attended token
+    are unchanged; a compiled forward then sees one shape per bucket instead of one per batch length.
+    """
+    extra = -input_ids.shape[1] % multiple
+    if extra == 0:
+        return input_ids, attention_mask
+    return F.pad(input_ids, (0, extra), value=0), F.pad(attention_mask, (0, extra), value=0)
 
 
 def _labels(input_ids: torch.Tensor, loss_mask: torch.Tensor) -> torch.Tensor:

@@ -47,17 +47,9 @@ from lrlhf.data.tokenize import (
     encode_ranking,
     encode_sft,
 )
+from lrlhf.utils.model_source import load_tokenizer
 
 SPLITS = ("train", "val", "test")
-
-
-def load_tokenizer(tokenizer):
-    """A tokenizer object as is, or ``AutoTokenizer.from_pretrained(path_or_name)``."""
-    if isinstance(tokenizer, str):
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(tokenizer)
-    return tokenizer
 
 
 class ResumableDataLoader(DataLoader):
@@ -79,7 +71,8 @@ class ChatDataModule(pl.LightningDataModule):
     """Shared machinery; subclasses say how a record is encoded and how a batch is collated.
 
     Args:
-        tokenizer: a tokenizer with a chat template, or a path/name for ``AutoTokenizer.from_pretrained``.
+        tokenizer: a tokenizer with a chat template, or what :func:`lrlhf.utils.model_source.load_tokenizer`
+            loads one from (a model folder or hub id, a ``ModelConfig``).
         train, val, test: records of the subclass's kind, or a source for ``load_records``; ``None`` skips.
             A source named for several splits is read once and split by prompt group
             (:func:`lrlhf.data.splits.split_by_prompt` with ``split_fractions`` and ``seed``); a source named

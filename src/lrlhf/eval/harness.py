@@ -16,32 +16,31 @@ model folder) and for Best-of-N under the proxy reward model (sampled from the r
 Outputs in the run folder: ``eval_table.md`` / ``eval_table.csv``, ``eval_results.json``, ``utility_vs_kl.png``
 (policies and the BoN curve N = 1..``bon.curve_max`` from one pool, :func:`bon_expected`) and ``goodhart.png`` (the
 held-out evaluations a PPO stage made at its checkpoints); numbers and images also go to the logger if any.
+
+Sampling and measuring are :func:`lrlhf.eval.heldout.sample_held_out`'s (the early-stopping callback's path too);
+the plots are :mod:`lrlhf.eval.plots`'.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from lrlhf.data.collate import collate_prompts
 from lrlhf.data.records import PromptExample
-from lrlhf.data.tokenize import encode_prompt
 from lrlhf.eval.best_of_n import bon_expected, bon_kl
 from lrlhf.eval.diversity import distinct_n, self_similarity
-from lrlhf.eval.judges import is_pairwise, judge_pairs, resolve_judge
+from lrlhf.eval.heldout import ModelPolicy, sample_held_out
+from lrlhf.eval.judges import is_pairwise, judge_pairs, resolve_judge, score_responses
 from lrlhf.eval.lc_winrate import length_controlled_win_rate
+from lrlhf.eval.plots import plot_goodhart, plot_utility_vs_kl
 from lrlhf.eval.report import subgroup_means, worst_subgroup, write_table
 from lrlhf.eval.utility import bootstrap_interval
 from lrlhf.eval.winrate import win_rate
-from lrlhf.functional import kl_k1, masked_sum, response_masks, token_logprobs
-from lrlhf.models.generation import SamplingConfig, cut_at_eos, eos_token_ids
-from lrlhf.utils.io import atomic_write_bytes, atomic_write_text
+from lrlhf.models.generation import SamplingConfig
+from lrlhf.utils.io import atomic_write_text
 
 
 @dataclass
@@ -72,61 +71,28 @@ def _mean(values) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- sampling
-@torch.no_grad()
 def sample_policy(model, tokenizer, prompts: Sequence[PromptExample], n: int, sampling: SamplingConfig,
                   reward_model, calibration=None, reference=None, batch_size: int = 256,
                   max_prompt_length: int = 1024, name: str = "policy") -> Samples:
     """Sample ``n`` responses per prompt (adjacent rows, plain temperature sampling, deterministic from
     ``sampling.seed`` in a forked RNG) and measure each: length (actions up to and including the first EOS),
     the proxy score of prompt + response cut at the stop (as PPO scores it), and, with ``reference``, the
-    per-sequence sum of ``log pi - log pi_ref`` at the sampling temperature (0 without one)."""
+    per-sequence sum of ``log pi - log pi_ref`` at the sampling temperature (0 without one). The held-out path of
+    :func:`lrlhf.eval.heldout.sample_held_out`, with every model in eval mode (restored afterwards)."""
     if sampling.temperature <= 0:
         raise ValueError("eval.temperature must be > 0: KL and Best-of-N need sampled responses")
-    rows = [p for p in prompts for _ in range(n)]
-    encoded = [encode_prompt(tokenizer, p, max_length=max_prompt_length, truncation="left", special_text="error")
-               for p in rows]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos_ids = sorted(eos_token_ids(model, tokenizer))
-    texts, lengths, proxy, kls, ids = [], [], [], [], []
+    policy = ModelPolicy(model, tokenizer, reward_model, sampling, reference=reference, calibration=calibration)
     models = [m for m in (model, reference, reward_model) if m is not None]
     modes = [m.training for m in models]
     for m in models:
         m.eval()
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sampling.seed)
-            for start in range(0, len(encoded), batch_size):
-                batch = collate_prompts(encoded[start:start + batch_size], pad_id)
-                q, qm = batch["input_ids"], batch["attention_mask"]  # (B, P), left-padded
-                out = model.generate(input_ids=q, attention_mask=qm, pad_token_id=pad_id, eos_token_id=eos_ids,
-                                     repetition_penalty=1.0, **sampling.generate_kwargs())
-                r = out[:, q.shape[1]:]  # (B, R)
-                masks = response_masks(r, eos_ids, pad_id)
-                lengths += masks.lengths.tolist()
-                ids += [row[:n_actions] for row, n_actions in zip(r.tolist(), masks.lengths.tolist(), strict=True)]
-                texts += [tokenizer.decode(cut_at_eos(row, set(eos_ids)), skip_special_tokens=True)
-                          for row in r.tolist()]
-                raw = reward_model.score(torch.cat([q, r], 1), torch.cat([qm, masks.action_mask.to(qm.dtype)], 1))
-                proxy += (calibration.normalise(raw) if calibration is not None else raw).float().tolist()
-                if reference is None:
-                    kls += [0.0] * r.shape[0]
-                    continue
-                logp = _response_logprobs(model, q, qm, r, sampling.temperature)
-                ref = _response_logprobs(reference, q, qm, r, sampling.temperature)
-                kls += masked_sum(kl_k1(logp, ref), masks.action_mask, dim=1).tolist()
+        out = sample_held_out(policy, list(prompts), n, sampling.seed, batch_size, max_prompt_length)
     finally:
         for m, mode in zip(models, modes, strict=True):
             m.train(mode)
-    return Samples(name, _grid(texts, n), _grid(lengths, n), _grid(proxy, n), _grid(kls, n), ids=_grid(ids, n))
-
-
-def _response_logprobs(model, q, qm, r, temperature: float):
-    """``(B, R)`` log-probs of the response tokens (positions counted over attended tokens, as in PPO)."""
-    ids = torch.cat([q, r], 1)
-    mask = torch.cat([qm, torch.ones_like(r, dtype=qm.dtype)], 1)
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    return token_logprobs(logits[:, q.shape[1] - 1:-1], r, temperature)
+    return Samples(name, _grid(out.texts, n), _grid(out.lengths.tolist(), n), _grid(out.proxy.tolist(), n),
+                   _grid(out.kl.tolist(), n), ids=_grid(out.ids, n))
 
 
 def best_of_n_from_pool(pool: Samples, n: int, picks: int) -> Samples:
@@ -223,50 +189,6 @@ TABLE_COLUMNS = ("policy", "gold", "gold_ci", "gold_vs_base", "gold_vs_base_ci",
                  "net_ci", "pref", "lc_pref", "lc_pref_ci", "worst_group", "worst_group_gold", "worst_group_judge")
 
 
-# ------------------------------------------------------------------------------------------------- plots
-def _figure(size=(6.0, 4.0)):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=size, dpi=90)
-    FigureCanvasAgg(fig)
-    return fig
-
-
-def _save(fig, path: Path) -> Path:
-    buffer = io.BytesIO()
-    fig.tight_layout()
-    fig.savefig(buffer, format="png")
-    return atomic_write_bytes(path, buffer.getvalue())
-
-
-def plot_utility_vs_kl(rows: Sequence[dict], curve: Sequence[tuple[int, float, float]], path: Path,
-                       baseline: str) -> Path:
-    """Gold utility against KL to the reference (nats per sequence): the BoN curve ``(n, kl, gold)`` and one
-    point per policy row (with its bootstrap interval)."""
-    fig = _figure()
-    ax = fig.add_subplot(1, 1, 1)
-    if curve:
-        ax.plot([c[1] for c in curve], [c[2] for c in curve], "-", color="gray", lw=1.2,
-                label=f"Best-of-N from {baseline}, N = 1..{curve[-1][0]} (KL = log N - (N-1)/N)")
-        for n, kl, gold in curve:
-            if n in (1, 2, 4, 8, 16, 32, 64):
-                ax.annotate(f"N={n}", (kl, gold), fontsize=6, color="gray", textcoords="offset points",
-                            xytext=(2, -8))
-    for i, row in enumerate(rows):
-        if row.get("gold") is None:
-            continue
-        lo, hi = row["gold_ci"]
-        ax.errorbar([row["kl_seq"]], [row["gold"]], yerr=[[row["gold"] - lo], [hi - row["gold"]]], fmt="o",
-                    ms=5, capsize=3, color=f"C{i}", label=row["policy"])
-    ax.set_xlabel("KL to the reference (nats per sequence; k1 sample mean, BoN analytic)", fontsize=8)
-    ax.set_ylabel("held-out gold utility (95% prompt bootstrap)", fontsize=8)
-    ax.tick_params(labelsize=7)
-    ax.legend(fontsize=6, loc="best")
-    ax.set_title("utility vs KL", fontsize=9)
-    return _save(fig, path)
-
-
 # -------------------------------------------------------------------------------------------------- main
 def check_eval_config(ev) -> None:
     """Refuse a bad ``eval`` node of ``recipe=eval`` naming its key (cheap: nothing is loaded; the CLI calls it
@@ -308,11 +230,10 @@ def run_eval(cfg, out_dir: Path) -> dict:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from lrlhf.callbacks.goodhart import plot_goodhart
     from lrlhf.data.formats import load_records
     from lrlhf.eval.best_of_n import toy_gold_judge
     from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
-    from lrlhf.modules.reward import load_calibration, load_reward_model
+    from lrlhf.models.reward import load_calibration, load_reward_model
 
     ev = cfg.eval
     check_eval_config(ev)
@@ -338,7 +259,8 @@ def run_eval(cfg, out_dir: Path) -> dict:
                                                                                     strict=True)]
         if not samples.judge and not is_pairwise(judge):
             samples.judge = samples.gold if judge_is_gold else [
-                [float(judge(p, t)) for t in texts] for p, texts in zip(prompts, samples.texts, strict=True)]
+                score_responses(judge, [p] * len(texts), texts) for p, texts in zip(prompts, samples.texts, strict=True)
+            ]
         return samples
 
     evaluated: dict[str, Samples] = {}

@@ -1,11 +1,14 @@
 """Judges of responses, and pairwise judging with the A/B order randomised.
 
 A **pointwise judge** is any callable ``judge(prompt, response) -> float`` (higher is better): the toy world's gold
-utility (:func:`lrlhf.eval.toy_gold_judge`), a held-out reward model (:func:`reward_model_judge`), a rule set.
-A **pairwise judge** (e.g. an LLM asked "which answer is better?") sees two responses at once and may favour the
-first or the second position; mark it with ``pairwise = True`` and make it return the utilities of
-``(first, second)``. :func:`judge_pairs` shows it A and B in a seeded random order and un-swaps the answer, so a
-position bias cannot favour either policy. Pointwise judges see one response at a time and need no such care.
+utility (:func:`lrlhf.eval.toy_gold_judge`), a held-out reward model (:func:`reward_model_judge`), a rule set; or an
+object with ``score_batch(prompt_records, response_texts) -> list[float]`` that scores a batch at once
+(:func:`score_responses`). A **pairwise judge** (e.g. an LLM asked "which answer is better?") sees two responses at
+once and may favour the first or the second position; mark it with ``pairwise = True`` and make it return the
+utilities of ``(first, second)``. :func:`judge_pairs` shows it A and B in a seeded random order and un-swaps the
+answer, so a position bias cannot favour either policy. Pointwise judges see one response at a time and need no
+such care. :func:`resolve_judge` turns a config value into a judge, for ``eval.judge`` and for the early-stopping
+callback's ``utility`` alike.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from __future__ import annotations
 import importlib
 import random
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from lrlhf.data.records import PromptExample
 
 Judge = Callable[[PromptExample, str], float]
+JUDGE_NAMES = "toy_gold, rm:<folder> or <module>:<callable>"
 
 
 def is_pairwise(judge) -> bool:
@@ -34,8 +39,7 @@ def judge_pairs(prompts: Sequence[PromptExample], a: Sequence[str], b: Sequence[
     if not len(prompts) == len(a) == len(b):
         raise ValueError(f"{len(prompts)} prompts, {len(a)} responses of A and {len(b)} of B; need one each")
     if not is_pairwise(judge):
-        return [float(judge(p, r)) for p, r in zip(prompts, a, strict=True)], \
-            [float(judge(p, r)) for p, r in zip(prompts, b, strict=True)], [False] * len(a)
+        return score_responses(judge, prompts, a), score_responses(judge, prompts, b), [False] * len(a)
     rng = random.Random(seed)
     u_a, u_b, swapped = [], [], []
     for prompt, ra, rb in zip(prompts, a, b, strict=True):
@@ -52,7 +56,7 @@ def reward_model_judge(folder: str, max_length: int = 1024) -> Judge:
     of the (prompt, response) rendered with the chat template. Use one trained on other data than the proxy."""
     from lrlhf.eval.best_of_n import reward_model_scorer
     from lrlhf.models import ModelConfig, load_tokenizer
-    from lrlhf.modules.reward import load_reward_model
+    from lrlhf.models.reward import load_reward_model
 
     scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(folder)), max_length)
 
@@ -63,11 +67,19 @@ def reward_model_judge(folder: str, max_length: int = 1024) -> Judge:
     return judge
 
 
-def resolve_judge(spec: str | Callable) -> Callable:
+def resolve_judge(spec: str | Callable | Any, key: str = "eval.judge") -> Any:
     """A judge from its config value: ``toy_gold``, ``rm:<reward model folder>``, ``<module>:<attribute>`` (a
-    callable, or a zero-argument factory marked ``factory = True``), or the callable itself."""
-    if callable(spec):
-        return spec
+    callable, or a zero-argument factory marked ``factory = True``), or the judge itself: a callable
+    ``(prompt_record, response_text) -> float`` or an object with ``score_batch(prompt_records, response_texts)``.
+
+    The one resolver of ``eval.judge`` and ``callbacks.early_stopping.utility``: ``key`` is the config key an
+    error names.
+    """
+    if not isinstance(spec, str):
+        if callable(spec) or hasattr(spec, "score_batch"):
+            return spec
+        raise ValueError(f"{key} must be {JUDGE_NAMES}, a callable (prompt_record, response_text) -> float or an "
+                         f"object with score_batch; got {spec!r}")
     if spec == "toy_gold":
         from lrlhf.eval.best_of_n import toy_gold_judge
 
@@ -76,13 +88,21 @@ def resolve_judge(spec: str | Callable) -> Callable:
         return reward_model_judge(spec[3:])
     module, _, attribute = spec.partition(":")
     if not attribute:
-        raise ValueError(f"eval.judge must be toy_gold, rm:<folder> or <module>:<callable>, got {spec!r}")
+        raise ValueError(f"{key} must be {JUDGE_NAMES}, got {spec!r}")
     try:
         judge = getattr(importlib.import_module(module), attribute)
     except (ImportError, AttributeError) as err:
-        raise ValueError(f"eval.judge={spec!r}: {err}") from err
+        raise ValueError(f"{key}={spec!r}: {err}") from err
     if getattr(judge, "factory", False):
         judge = judge()
-    if not callable(judge):
-        raise ValueError(f"eval.judge={spec!r} is not callable")
+    if not callable(judge) and not hasattr(judge, "score_batch"):
+        raise ValueError(f"{key}={spec!r} is not callable and has no score_batch")
     return judge
+
+
+def score_responses(judge, records: Sequence[PromptExample], texts: Sequence[str]) -> list[float]:
+    """A pointwise judge's score of each (record, text): ``judge.score_batch(records, texts)`` when it has one,
+    else ``judge(record, text)`` one at a time."""
+    if hasattr(judge, "score_batch"):
+        return [float(u) for u in judge.score_batch(records, texts)]
+    return [float(judge(record, text)) for record, text in zip(records, texts, strict=True)]

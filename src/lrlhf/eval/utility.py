@@ -80,3 +80,22 @@ def bootstrap_interval(values: Sequence[float], n_resamples: int = 2000, seed: i
     means = x[torch.randint(0, x.numel(), (n_resamples, x.numel()), generator=g)].mean(1)
     tail = (1.0 - level) / 2
     return means.quantile(tail).item(), means.quantile(1.0 - tail).item()
+
+
+def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[PromptExample], name: str, *,
+                     n_samples: int, temperature: float, max_new_tokens: int, seed: int) -> dict:
+    """Held-out gold utility of ``sft_model`` and of ``model`` (reported as ``name``) on the same prompts and seed,
+    with the paired difference: ``gold/sft``, ``gold/<name>``, ``gold/<name>_minus_sft`` and their 95% bootstrap
+    intervals (``_interval``). ``prompts``: records or a file read as prompts."""
+    if isinstance(prompts, str):
+        from lrlhf.data.formats import load_records
+
+        prompts, _ = load_records(prompts, "prompt", verbose=False)
+    sampling = dict(n_samples=n_samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
+    sft = sample_gold_utility(sft_model, tokenizer, prompts, **sampling)
+    trained = sample_gold_utility(model, tokenizer, prompts, **sampling)
+    diff = [b - a for a, b in zip(sft.per_prompt, trained.per_prompt, strict=True)]
+    return {"gold/sft": sft.mean, "gold/sft_interval": bootstrap_interval(sft.per_prompt),
+            f"gold/{name}": trained.mean, f"gold/{name}_interval": bootstrap_interval(trained.per_prompt),
+            f"gold/{name}_minus_sft": sum(diff) / len(diff),
+            f"gold/{name}_minus_sft_interval": bootstrap_interval(diff)}

@@ -1,4 +1,4 @@
-"""Pure tensor math of RLHF: masks, log-probs, KL, reward shaping, GAE, whitening, losses.
+"""Pure tensor math of RLHF: masks, log-probs, KL, reward shaping, GAE, whitening, losses, preference pairs.
 
 This subpackage imports only torch (no Lightning, transformers, peft or Hydra). Every function documents
 the tensor shapes and which positions a mask marks valid; see the README for the conventions
@@ -10,6 +10,7 @@ from lrlhf.functional.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
+    KLController,
     kl_abs,
     kl_k1,
     kl_k2,
@@ -36,6 +37,7 @@ from lrlhf.functional.masks import (
     masked_whiten,
     response_masks,
 )
+from lrlhf.functional.preferences import margin_summary, pairwise_accuracy, ranking_pairs
 from lrlhf.functional.rewards import ShapedRewards, shape_rewards
 
 __all__ = [
@@ -43,6 +45,7 @@ __all__ = [
     "AdaptiveKLController",
     "DPOStats",
     "FixedKLController",
+    "KLController",
     "PolicyLossStats",
     "ResponseMasks",
     "ShapedRewards",
@@ -58,12 +61,15 @@ __all__ = [
     "kl_k2",
     "kl_k3",
     "kl_penalty",
+    "margin_summary",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "pairwise_accuracy",
     "ppo_policy_loss",
     "ranking_loss",
+    "ranking_pairs",
     "response_masks",
     "rloo_advantages",
     "shape_rewards",

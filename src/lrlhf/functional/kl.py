@@ -7,11 +7,16 @@ with ``logprobs`` = log pi(a) and ``ref_logprobs`` = log ref(a) of the sampled a
 - ``k2``: ``0.5 * (logp - ref)**2``; biased, always >= 0, low variance.
 - ``k3``: ``(exp(r) - 1) - r`` with ``r = ref - logp``; unbiased and always >= 0.
 - ``abs``: ``|logp - ref|``.
+
+And the controllers of the KL coefficient beta, one interface (:class:`KLController`): :class:`FixedKLController`
+and :class:`AdaptiveKLController`. Their errors name the config key ``module.kl_controller.*``, where the PPO
+recipes build them (by ``_target_``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -53,16 +58,19 @@ def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str | KLEstima
     return fn(logprobs, ref_logprobs)
 
 
-class FixedKLController:
-    """A constant KL coefficient ``value``; ``update`` does nothing (kept for a common interface)."""
+class KLController:
+    """The interface of a KL-coefficient controller: ``value`` is beta in effect; ``update`` is called once per
+    rollout with the measured KL; only ``value`` is state (the settings come from the config)."""
 
-    def __init__(self, kl_coef: float):
-        if kl_coef < 0:
-            raise ValueError(f"kl_coef must be >= 0, got {kl_coef}")
-        self.value = float(kl_coef)
+    value: float
 
     def update(self, current_kl: float, n_steps: int) -> float:
+        """Take the KL measured over ``n_steps`` samples; return the new beta."""
         return self.value
+
+    def stats(self) -> dict[str, float]:
+        """What the last ``update`` decided besides ``value``, for the log (names without a prefix)."""
+        return {}
 
     def state_dict(self) -> dict:
         return {"value": self.value}
@@ -71,40 +79,57 @@ class FixedKLController:
         self.value = float(state["value"])
 
 
-class AdaptiveKLController:
-    """Adaptive KL coefficient of Ziegler et al. (2019), "Fine-Tuning LMs from Human Preferences", eq. 2.
-
-    ``e = clip(KL / target - 1, -0.2, 0.2)``; ``beta <- beta * (1 + e * n_steps / horizon)``.
+@dataclass
+class FixedKLController(KLController):
+    """A constant beta: ``update`` leaves it as it is.
 
     Args:
-        init_kl_coef: starting beta.
+        kl_coef: beta, ``>= 0``.
+    """
+
+    kl_coef: float = 0.05
+    value: float = field(init=False)
+
+    def __post_init__(self):
+        if not self.kl_coef >= 0:
+            raise ValueError(f"module.kl_controller.kl_coef must be >= 0, got {self.kl_coef!r}")
+        self.value = float(self.kl_coef)
+
+
+@dataclass
+class AdaptiveKLController(KLController):
+    """Adaptive KL coefficient of Ziegler et al. (2019), "Fine-Tuning LMs from Human Preferences", eq. 2.
+
+    ``e = clip(KL / target - 1, -clip, clip)``; ``beta <- beta * (1 + e * n_steps / horizon)``.
+
+    Args:
+        kl_coef: the starting beta, ``> 0``.
         target: the KL (in the units the caller measures, e.g. per-sequence sum of k1) to steer towards.
         horizon: how many steps (samples, in Ziegler's use) the correction is spread over.
         clip: bound of the proportional error (0.2 in the paper).
     """
 
-    def __init__(self, init_kl_coef: float, target: float, horizon: float, clip: float = 0.2):
-        if init_kl_coef <= 0:
-            raise ValueError(f"init_kl_coef must be > 0 for an adaptive controller, got {init_kl_coef}")
-        if target <= 0:
-            raise ValueError(f"target must be > 0, got {target}")
-        if horizon <= 0:
-            raise ValueError(f"horizon must be > 0, got {horizon}")
-        self.value = float(init_kl_coef)
-        self.target = float(target)
-        self.horizon = float(horizon)
-        self.clip = float(clip)
+    kl_coef: float = 0.1
+    target: float = 6.0
+    horizon: float = 10000.0
+    clip: float = 0.2
+    value: float = field(init=False)
+    error: float | None = field(init=False, default=None)
+    """The clipped proportional error of the last ``update`` (None before the first)."""
+
+    def __post_init__(self):
+        for key in ("kl_coef", "target", "horizon", "clip"):
+            if not getattr(self, key) > 0:
+                raise ValueError(f"module.kl_controller.{key} must be > 0 (adaptive controller), "
+                                 f"got {getattr(self, key)!r}")
+            setattr(self, key, float(getattr(self, key)))
+        self.value = self.kl_coef
 
     def update(self, current_kl: float, n_steps: int) -> float:
-        proportional_error = min(max(float(current_kl) / self.target - 1.0, -self.clip), self.clip)
-        self.value *= 1.0 + proportional_error * n_steps / self.horizon
+        self.error = min(max(float(current_kl) / self.target - 1.0, -self.clip), self.clip)
+        self.value *= 1.0 + self.error * n_steps / self.horizon
         return self.value
 
-    def state_dict(self) -> dict:
-        return {"value": self.value, "target": self.target, "horizon": self.horizon, "clip": self.clip}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.value = float(state["value"])
-        self.target = float(state["target"])
-        self.horizon = float(state["horizon"])
-        self.clip = float(state["clip"])
+    def stats(self) -> dict[str, float]:
+        """``target`` and the last ``error``."""
+        return {} if self.error is None else {"target": self.target, "error": self.error}

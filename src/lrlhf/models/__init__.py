@@ -1,4 +1,5 @@
-"""Models: load backbones (hub id / local path / GGUF / 4-bit or 8-bit), LoRA adapters for roles, scalar heads."""
+"""Models: load backbones (hub id / local path / GGUF / 4-bit or 8-bit), LoRA adapters for roles, scalar heads, and
+the frozen reward artefact (a trained reward model's folder, its calibration)."""
 
 from lrlhf.models.heads import AdapterScalarModel, ScalarHead, ScalarModel, last_token_index
 from lrlhf.models.loading import ModelConfig, load_causal_lm, load_tokenizer
@@ -11,19 +12,24 @@ from lrlhf.models.lora import (
     lora_target_modules,
     reference_mode,
 )
+from lrlhf.models.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 
 __all__ = [
     "AdapterScalarModel",
     "LORA_TARGET_MODULES",
     "LoraSpec",
     "ModelConfig",
+    "RewardCalibration",
     "ScalarHead",
     "ScalarModel",
     "add_adapters",
+    "attach_reward_adapter",
     "export_adapter",
     "export_merged",
     "last_token_index",
+    "load_calibration",
     "load_causal_lm",
+    "load_reward_model",
     "load_tokenizer",
     "lora_target_modules",
     "reference_mode",

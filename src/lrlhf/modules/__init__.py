@@ -2,7 +2,15 @@
 
 from lrlhf.modules.dpo import DPOConfig, DPOModule
 from lrlhf.modules.ppo import PPOConfig, PPOModule, RewardAdapter, Rollout
-from lrlhf.modules.reward import RewardConfig, RewardModule, compute_calibration, load_reward_model
+from lrlhf.modules.reward import (
+    RewardCalibration,
+    RewardConfig,
+    RewardModule,
+    attach_reward_adapter,
+    compute_calibration,
+    load_calibration,
+    load_reward_model,
+)
 from lrlhf.modules.sft import SFTConfig, SFTModule
 
 __all__ = [
@@ -10,12 +18,15 @@ __all__ = [
     "DPOModule",
     "PPOConfig",
     "PPOModule",
+    "RewardCalibration",
     "RewardAdapter",
     "RewardConfig",
     "RewardModule",
     "Rollout",
     "SFTConfig",
     "SFTModule",
+    "attach_reward_adapter",
     "compute_calibration",
+    "load_calibration",
     "load_reward_model",
 ]

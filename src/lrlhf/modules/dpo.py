@@ -41,6 +41,7 @@ from lrlhf.models import (
 )
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule, check_finite, check_finite_weights
 from lrlhf.modules.sft import ExportPaths
+from lrlhf.modules.stage import StageOutputs
 
 TIE = 0.5
 
@@ -109,7 +110,7 @@ class PairLogprobs(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------- module
-class DPOModule(pl.LightningModule):
+class DPOModule(StageOutputs, pl.LightningModule):
     """DPO on pair batches of :class:`lrlhf.data.PreferenceDataModule` (padded, not packed).
 
     Args:
@@ -228,6 +229,13 @@ class DPOModule(pl.LightningModule):
         )
 
     # -------------------------------------------------------------------------------------- export
+    policy_name = "dpo"
+    summary_metrics = ("train/loss", "val/loss", "val/accuracy", "val/reward_margin")
+
+    def export_stage(self, folder: Path) -> dict[str, Path | None]:
+        paths = self.export(folder / "export")
+        return {"export": paths.merged, "adapter": paths.adapter}
+
     def export(self, out_dir: str | Path) -> ExportPaths:
         """Write ``out_dir/merged`` (the adapter merged into a copy of the base, plain transformers + tokenizer)
         and ``out_dir/adapter`` (``PeftModel.from_pretrained(base, out_dir/adapter)``). The live model keeps its

@@ -21,9 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from lrlhf.utils.compat import unwrap_model
+from lrlhf.utils.distributed import any_across_ranks
 from lrlhf.utils.errors import InvariantError
 
 #: Bound on the mean ``|ratio - 1|`` at the first update: full precision, reduced precision (half, TF32, k-bit).
@@ -105,24 +107,79 @@ def check_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, precision:
 @torch.no_grad()
 def sampler_self_check(module, query_ids: Tensor, query_mask: Tensor, precision: Precision,
                        tolerance: float | None, rows: int = 4, max_new_tokens: int = 8, seed: int = 0) -> dict:
-    """Sample ``rows`` prompts with ``module``'s sampler (its own RNG stream: the caller's is left as it was) and
-    compare the sampled tokens' log-probs with a teacher-forced :meth:`PPOModule.policy_forward` under the
-    current precision; the sampler itself checks that decoding fills its KV cache. Returns the statistics."""
+    """Sample ``rows`` prompts with ``module``'s sampler (:meth:`PPOModule.sample`, its own RNG stream: the caller's
+    is left as it was) and compare the sampled tokens' log-probs with a teacher-forced
+    :meth:`PPOModule.policy_forward` under the current precision; the sampler itself checks that decoding fills its
+    KV cache. A sampler that returns no log-probs is not checked. Returns the statistics."""
     from lrlhf.functional import response_masks
 
     query_ids, query_mask = query_ids[:rows], query_mask[:rows]
     device = query_ids.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        sampled = module.sample_for_check(query_ids, query_mask, max_new_tokens)
-    if sampled is None:  # a subclass samples without log-probs: the first-update ratio guard still runs
+        ids, logprobs = module.sample(query_ids, query_mask, max_new_tokens)[:2]
+    if logprobs is None:  # the old logprobs come from a scoring forward: the first-update ratio guard still runs
         return {"actions": 0}
-    ids, logprobs = sampled
     mask = response_masks(ids, module.eos_token_ids, module.pad_token_id).action_mask
     forward = module.policy_forward(query_ids, query_mask, ids)[0]
     return check_ratio(forward, logprobs, mask, precision, tolerance,
                        "in the sampler self-check (the sampler's log-probs against a teacher-forced forward)")
 
 
-__all__ = ["RATIO_TOLERANCE", "InvariantError", "Precision", "check_ratio", "ratio_deviation", "run_precision",
-           "sampler_self_check"]
+class PPOGuards:
+    """The guards' side of :class:`~lrlhf.modules.PPOModule` (a mixin): the run's precision, the old-logprob
+    recompute it implies, and the checks every rank runs together."""
+
+    @property
+    def compute_precision(self) -> Precision:
+        """The precision the policy computes in (:func:`run_precision`), resolved once per fit."""
+        if self._precision is None:
+            self._precision = run_precision(self._trainer, self.model)
+            if self.config.recompute_old_logprobs is None and self._precision.reduced:
+                rank_zero_info(f"PPO: reduced precision ({self._precision.label}): the old log-probs are recomputed "
+                               "by a full forward (module.config.recompute_old_logprobs=null means on here)")
+        return self._precision
+
+    @property
+    def recompute_old_logprobs(self) -> bool:
+        """``module.config.recompute_old_logprobs``, or by precision when None (on under reduced precision)."""
+        setting = self.config.recompute_old_logprobs
+        return self.compute_precision.reduced if setting is None else setting
+
+    def _guard(self, check, *args) -> dict | None:
+        """``check(*args)`` (raising :class:`InvariantError`) on every rank; when it fails on any, every rank stops
+        (a rank left running would wait for the others in a collective)."""
+        error, stats = None, None
+        try:
+            stats = check(*args)
+        except InvariantError as exc:
+            error = exc
+        if any_across_ranks(error is not None):
+            raise error or InvariantError("PPO invariant broken on another rank (see its error); every rank stops")
+        return stats
+
+    def _first_ratio_guard(self, logprobs: Tensor, old_logprobs: Tensor, action_mask: Tensor) -> float | None:
+        """:func:`check_ratio` on the first minibatch of a rollout (before its first step); the mean deviation."""
+        return self._guard(check_ratio, logprobs, old_logprobs, action_mask, self.compute_precision,
+                           self.config.first_ratio_tolerance,
+                           f"at rollout {self.rollouts_done} (first minibatch, before its first optimiser step)"
+                           ).get("mean")
+
+    def _check_loss(self, loss: Tensor, minibatch: int) -> None:
+        """Stop before the optimiser step on a non-finite minibatch loss (no poisoned weights are kept)."""
+        if not torch.isfinite(loss):
+            raise FloatingPointError(
+                f"ppo: non-finite loss ({loss.item()}) at rollout {self.rollouts_done}, minibatch {minibatch}; "
+                "stopping before the optimiser step (no poisoned weights are kept)"
+            )
+
+    def _self_check(self, batch: dict) -> None:
+        """Once per fit, before the first rollout: :func:`sampler_self_check` on the batch's first prompts."""
+        self._self_check_pending = False
+        if self.config.check_invariants:
+            self._guard(sampler_self_check, self, batch["input_ids"], batch["attention_mask"],
+                        self.compute_precision, self.config.first_ratio_tolerance)
+
+
+__all__ = ["RATIO_TOLERANCE", "InvariantError", "PPOGuards", "Precision", "check_ratio", "ratio_deviation",
+           "run_precision", "sampler_self_check"]

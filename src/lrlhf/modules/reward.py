@@ -11,11 +11,13 @@ Every batch is scored in ONE forward pass (chosen and rejected together), then s
 After training, :func:`compute_calibration` measures the mean and std of the rewards on reference
 completions; :meth:`RewardModule.export` writes them next to the weights as ``reward_calibration.json`` so
 PPO can apply the frozen affine normalisation ``(r - mean) / std`` (:class:`RewardCalibration`).
+
+The exported folder is the frozen reward artefact, read by :mod:`lrlhf.models.reward` (:class:`RewardCalibration`,
+:func:`load_reward_model`, :func:`attach_reward_adapter`, re-exported here).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -28,13 +30,11 @@ from torch import Tensor, nn
 from torchmetrics import CatMetric, MeanMetric, PearsonCorrCoef
 from torchmetrics.classification import BinaryAUROC, BinaryCalibrationError
 
-from lrlhf.data.collate import model_inputs
-from lrlhf.functional import bradley_terry_loss, ranking_loss
+from lrlhf.data.collate import model_inputs, pad_to_multiple
+from lrlhf.functional import bradley_terry_loss, margin_summary, pairwise_accuracy, ranking_loss, ranking_pairs
 from lrlhf.models import (
-    AdapterScalarModel,
     LoraSpec,
     ModelConfig,
-    ScalarHead,
     ScalarModel,
     add_adapters,
     export_adapter,
@@ -43,15 +43,23 @@ from lrlhf.models import (
     load_tokenizer,
 )
 from lrlhf.models.heads import decoder
+from lrlhf.models.reward import (
+    ADAPTER_DIR,
+    ADAPTER_NAME,
+    CALIBRATION_FILE,
+    HEAD_FILE,
+    RewardCalibration,
+    attach_reward_adapter,
+    load_calibration,
+    load_reward_model,
+)
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule, check_finite, check_finite_weights
+from lrlhf.modules.reward_eval import compute_calibration
+from lrlhf.modules.stage import StageOutputs
 
 HEAD_INITS = ("normal", "zero")
 TIES = ("soft", "drop")
 LENGTH_BUCKETS = ("chosen_longer", "similar", "chosen_shorter")
-CALIBRATION_FILE = "reward_calibration.json"
-HEAD_FILE = "reward_head.safetensors"
-ADAPTER_NAME = "reward"
-ADAPTER_DIR = "adapter"
 
 
 @dataclass
@@ -160,39 +168,7 @@ def completion_lengths(batch: dict) -> Tensor:
     return batch["lengths"] - batch["prompt_lengths"]
 
 
-def ranking_pairs(ranks: Tensor, group: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Every unordered within-group pair once, oriented better-first: ``(first, second, target)``, each ``(P,)``.
-
-    ``target`` is 1 when ``first`` ranks strictly better, 0.5 for equal ranks (the orientation of a tie is the
-    row order, which does not matter for a symmetric target).
-    """
-    n = ranks.shape[0]
-    upper = torch.triu(torch.ones(n, n, dtype=torch.bool, device=ranks.device), diagonal=1)
-    i, j = ((group[:, None] == group[None, :]) & upper).nonzero(as_tuple=True)
-    swap = ranks[j] < ranks[i]
-    first, second = torch.where(swap, j, i), torch.where(swap, i, j)
-    target = torch.where(ranks[i] == ranks[j], 0.5, 1.0)
-    return first, second, target
-
-
-def pad_to_multiple(input_ids: Tensor, attention_mask: Tensor, multiple: int) -> tuple[Tensor, Tensor]:
-    """Right-pad ``(B, T)`` ids (with id 0) and mask (with 0) to the next multiple of ``multiple`` columns.
-
-    The new columns are masked out, so every real token's hidden state and each row's last attended token
-    are unchanged; a compiled forward then sees one shape per bucket instead of one per batch length.
-    """
-    extra = -input_ids.shape[1] % multiple
-    if extra == 0:
-        return input_ids, attention_mask
-    return F.pad(input_ids, (0, extra), value=0), F.pad(attention_mask, (0, extra), value=0)
-
-
-def pairwise_accuracy(margin: Tensor) -> Tensor:
-    """``(P,)`` 1 where the preferred side scores higher, 0 where lower, 1/2 for equal scores."""
-    return (margin > 0).float() + 0.5 * (margin == 0).float()
-
-
-class RewardModule(pl.LightningModule):
+class RewardModule(StageOutputs, pl.LightningModule):
     """Bradley–Terry reward model on a causal-LM backbone, full fine-tune or LoRA (adapter ``reward``).
 
     Args:
@@ -451,6 +427,15 @@ class RewardModule(pl.LightningModule):
         )
 
     # --------------------------------------------------------------------------------------------- export
+    def finish(self, datamodule, out_dir: Path, trained) -> dict:
+        """Held-out test metrics and the calibration PPO normalises rewards with (:mod:`lrlhf.modules.reward_eval`)."""
+        from lrlhf.modules.reward_eval import evaluate_held_out
+
+        return evaluate_held_out(self, datamodule, out_dir, trained)
+
+    def export_stage(self, folder: Path) -> dict[str, Path | None]:
+        return {"export": self.export(folder / "model"), "adapter": None}
+
     def export(self, out_dir: str | Path) -> Path:
         """Write a stand-alone reward model: merged backbone (``save_pretrained``), head, tokenizer, calibration.
 
@@ -473,138 +458,8 @@ class RewardModule(pl.LightningModule):
         return out_dir
 
 
-def margin_summary(margins: Tensor) -> dict[str, float]:
-    """Mean, std (unbiased; 0 for one value) and the 5/25/50/75/95 % quantiles of ``(P,)`` margins."""
-    qs = torch.tensor([0.05, 0.25, 0.5, 0.75, 0.95], dtype=margins.dtype, device=margins.device)
-    quantiles = torch.quantile(margins, qs).tolist()
-    std = margins.std().item() if margins.numel() > 1 else 0.0
-    out = {"mean": margins.mean().item(), "std": std}
-    out.update({f"q{int(round(q * 100)):02d}": v for q, v in zip(qs.tolist(), quantiles, strict=True)})
-    return out
-
-
-# ------------------------------------------------------------------------------------------- calibration
-@dataclass
-class RewardCalibration:
-    """Frozen affine normalisation of a reward model's scores: ``(r - mean) / std``.
-
-    Measured once after training on reference completions (a held-out set, or the SFT policy's outputs)
-    and kept fixed during PPO, so the reward scale does not move with the policy.
-    """
-
-    mean: float
-    """Mean reward on the reference completions."""
-    std: float
-    """Standard deviation (unbiased) of the reward on the reference completions."""
-    count: int
-    """Number of completions measured."""
-    reference: str = ""
-    """What the reference completions were (free text)."""
-
-    def normalise(self, rewards: Tensor) -> Tensor:
-        return (rewards - self.mean) / self.std
-
-    def save(self, out_dir: str | Path) -> Path:
-        from lrlhf.utils.io import atomic_write_text
-
-        path = Path(out_dir) / CALIBRATION_FILE
-        atomic_write_text(path, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> RewardCalibration:
-        """From ``reward_calibration.json`` or the folder holding it."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / CALIBRATION_FILE
-        return cls(**json.loads(path.read_text()))
-
-
-def load_calibration(path: str | Path) -> RewardCalibration:
-    """:meth:`RewardCalibration.load`."""
-    return RewardCalibration.load(path)
-
-
-@torch.no_grad()
-def compute_calibration(module: RewardModule, data, reference: str = "") -> RewardCalibration:
-    """Mean and std of the rewards of every completion in ``data``; stored on ``module.calibration``.
-
-    Args:
-        module: the trained reward module (scored in eval mode, restored afterwards).
-        data: a datamodule (its ``val_dataloader()``), a DataLoader, or any iterable of batches that
-            :meth:`RewardModule.score` accepts (pair, ranking, or plain ``input_ids`` / ``attention_mask``
-            batches, e.g. the SFT policy's outputs).
-        reference: a description saved with the numbers.
-
-    Single process: run it after ``trainer.fit`` on rank 0.
-    """
-    if hasattr(data, "val_dataloader"):
-        data.setup("validate")
-        data = data.val_dataloader()
-    was_training = module.training
-    module.eval()
-    try:
-        rewards = torch.cat([module.score(_to_device(b, module.device)).float().cpu() for b in data])
-    finally:
-        module.train(was_training)
-    if rewards.numel() < 2:
-        raise ValueError("compute_calibration needs at least two completions")
-    std = rewards.std().item()
-    if not std > 0:
-        raise ValueError(f"compute_calibration: every reward of {rewards.numel()} completions is "
-                         f"{rewards[0].item():g}, the std is 0: a degenerate reward model (training diverged: "
-                         "module.config.lr too high?) or identical completions")
-    module.calibration = RewardCalibration(rewards.mean().item(), std, rewards.numel(), reference)
-    return module.calibration
-
-
-def _to_device(batch: dict, device) -> dict:
-    return {k: v.to(device) if isinstance(v, Tensor) else v for k, v in batch.items()}
-
-
-def load_reward_model(out_dir: str | Path, dtype: str = "float32") -> ScalarModel:
-    """A :class:`ScalarModel` in eval mode from :meth:`RewardModule.export`'s folder."""
-    from safetensors.torch import load_file
-
-    out_dir = Path(out_dir)
-    backbone = load_causal_lm(ModelConfig(str(out_dir), dtype=dtype))
-    model = ScalarModel(backbone)
-    model.head.load_state_dict(load_file(out_dir / HEAD_FILE))
-    return model.eval()
-
-
-def attach_reward_adapter(peft_model, out_dir: str | Path) -> AdapterScalarModel:
-    """Load the ``reward`` adapter and head of a LoRA :meth:`RewardModule.export` onto ``peft_model``.
-
-    The reward adapter was trained on a base; it means something only on that same base. The base recorded
-    in the adapter is compared with ``peft_model``'s and a mismatch is refused, naming both.
-    """
-    from safetensors.torch import load_file
-
-    out_dir = Path(out_dir)
-    adapter_dir = out_dir / ADAPTER_DIR
-    if not (adapter_dir / "adapter_config.json").is_file():
-        raise FileNotFoundError(f"{adapter_dir}: no reward adapter (export a RewardModule trained with LoRA)")
-    trained_on = json.loads((adapter_dir / "adapter_config.json").read_text()).get("base_model_name_or_path")
-    base = getattr(peft_model.get_base_model().config, "_name_or_path", None)
-    if trained_on and base and Path(str(trained_on)).resolve() != Path(str(base)).resolve():
-        raise ValueError(f"{adapter_dir}: the reward adapter was trained on base {trained_on!r}, "
-                         f"but the policy's base is {base!r}")
-    peft_model.load_adapter(str(adapter_dir), adapter_name=ADAPTER_NAME, is_trainable=False)
-    head = ScalarHead(peft_model.get_base_model().config.hidden_size)
-    head.load_state_dict(load_file(out_dir / HEAD_FILE))
-    return AdapterScalarModel(peft_model, ADAPTER_NAME, head.requires_grad_(False)).eval()
-
-
-__all__ = [
-    "attach_reward_adapter",
-    "PairView",
-    "RewardCalibration",
-    "RewardConfig",
-    "RewardLoss",
-    "RewardModule",
-    "compute_calibration",
-    "load_calibration",
-    "load_reward_model",
-    "ranking_pairs",
+__all__ = [  # the frozen reward artefact's names (lrlhf.models.reward) stay importable from here
+    "ADAPTER_DIR", "ADAPTER_NAME", "CALIBRATION_FILE", "HEAD_FILE", "PairView", "RewardCalibration", "RewardConfig",
+    "RewardLoss", "RewardModule", "attach_reward_adapter", "compute_calibration", "load_calibration",
+    "load_reward_model", "margin_summary", "pad_to_multiple", "pairwise_accuracy", "ranking_pairs",
 ]

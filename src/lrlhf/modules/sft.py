@@ -35,6 +35,7 @@ from lrlhf.models import (
 from lrlhf.models.generation import SamplingConfig, as_prompt
 from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule, check_finite, check_finite_weights
 from lrlhf.modules.samples import log_table, sample_table
+from lrlhf.modules.stage import StageOutputs
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -103,7 +104,7 @@ class ExportPaths(NamedTuple):
 
 
 # ---------------------------------------------------------------------------------------------- module
-class SFTModule(pl.LightningModule):
+class SFTModule(StageOutputs, pl.LightningModule):
     """SFT of a causal LM on batches of :class:`lrlhf.data.datamodules.SFTDataModule` (padded or packed).
 
     Args:
@@ -250,6 +251,12 @@ class SFTModule(pl.LightningModule):
         )
 
     # -------------------------------------------------------------------------------------- export
+    summary_metrics = ("train/loss", "val/loss")
+
+    def export_stage(self, folder: Path) -> dict[str, Path | None]:
+        paths = self.export(folder)
+        return {"export": paths.merged, "adapter": paths.adapter}
+
     def export(self, out_dir: str | Path) -> ExportPaths:
         """Write ``out_dir/merged`` (plain transformers + tokenizer) and, with LoRA, ``out_dir/adapter``
         (``PeftModel.from_pretrained(base, out_dir/adapter)``). The live model keeps its adapter."""

@@ -150,3 +150,12 @@ def any_across_ranks(flag: bool) -> bool:
 __all__ = ["any_across_ranks", "barrier", "forward_is_collective", "global_all_reduce", "global_weighted_mean",
            "is_global_zero", "launched_processes", "rank", "rank_seed", "seed_rank_stream", "sum_across_ranks",
            "wait_for_file", "world_size"]
+
+
+def close_process_group() -> None:
+    """Every rank leaves together and closes the default process group (when a ``fit`` created one): a rank that
+    exited with the group still open aborted at interpreter exit ("terminate called without an active
+    exception", seen once under torchrun)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        barrier()
+        torch.distributed.destroy_process_group()

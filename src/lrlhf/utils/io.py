@@ -7,6 +7,7 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 
 def _umask() -> int:
@@ -92,3 +93,32 @@ def swap_folder_in(complete: str | Path, target: str | Path) -> Path:
     else:
         os.replace(complete, target)
     return target
+
+
+def atomic_save_children(out_dir: str | Path, save: Callable[[Path], Any]) -> Any:
+    """Let ``save(tmp_dir)`` fill a temporary folder inside ``out_dir``, then move each folder it wrote into
+    ``out_dir`` by :func:`swap_folder_in` (a stage's export beside its run files: a run killed while exporting
+    leaves the previous export, or none, never half of one; a leftover temporary folder is removed by the next
+    call). Returns ``save``'s result with every path under the temporary folder rewritten to ``out_dir``
+    (in dicts and named tuples)."""
+    out_dir = Path(out_dir)
+    for stale in out_dir.glob(".export-*.tmp"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir, prefix=".export-", suffix=".tmp"))
+    try:
+        result = save(tmp)
+        for written in sorted(tmp.iterdir()):
+            swap_folder_in(written, out_dir / written.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    def moved(value):
+        if isinstance(value, Path):
+            return out_dir / value.relative_to(tmp)
+        if isinstance(value, dict):
+            return {k: moved(v) for k, v in value.items()}
+        if isinstance(value, tuple) and hasattr(value, "_fields"):
+            return type(value)(*(moved(v) for v in value))
+        return value
+
+    return moved(result)

@@ -1,0 +1,150 @@
+"""Hyperparameters of PPO (``module.config``) and the keys that moved from it to the estimator, the critic and the
+KL controller (``module.advantage``, ``module.critic``, ``module.kl_controller``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import InitVar, dataclass
+
+from lrlhf.functional import KL_ESTIMATORS
+from lrlhf.models import LoraSpec
+from lrlhf.models.generation import SamplingConfig
+from lrlhf.modules.optim import SCHEDULERS
+
+#: ``module.config`` keys of earlier versions and the keys that replaced them: setting one fails naming the new.
+MOVED_KEYS = {
+    "kl_coef": "module.kl_controller.kl_coef (module/kl_controller=adaptive|fixed picks the controller)",
+    "advantage_estimator": "module.advantage._target_ (module/advantage=gae|rloo|grpo, e.g. "
+                           "lrlhf.modules.advantages.RLOO); RLOO / GRPO take module.critic=null",
+    "samples_per_prompt": "module.advantage.samples_per_prompt",
+    "gamma": "module.advantage.gamma", "lam": "module.advantage.lam",
+    "whiten_advantages": "module.advantage.whiten", "whiten_scope": "module.advantage.whiten_scope",
+    "vf_coef": "module.critic.vf_coef", "value_clip_eps": "module.critic.value_clip_eps",
+    "value_lora": "module.critic.lora",
+    "value_from_policy": "module.critic._target_=lrlhf.modules.critic.SharedTrunk (module/critic=shared_trunk)",
+}
+
+
+@dataclass
+class PPOConfig:
+    """Hyperparameters of PPO (``module.config.*``); the estimator, critic and KL controller have their own."""
+
+    max_new_tokens: int = 32
+    """Most tokens generated per response; a response without EOS by then is truncated (and counted)."""
+    temperature: float = 1.0
+    """Sampling temperature (> 0). Top-k 0 and top-p 1: logprobs are those of ``softmax(logits / T)``."""
+    kl_estimator: str = "k1"
+    """Per-token KL estimator in the reward (and the KL the controller sees): a name in :data:`KL_ESTIMATORS`."""
+    missing_eos_penalty: float | None = None
+    """Subtracted from the score of a response that hit ``max_new_tokens`` without EOS; None = off."""
+    score_clip: float | None = None
+    """Clamp the (calibrated, penalised) score to ``[-score_clip, score_clip]``; None = off."""
+    ppo_epochs: int = 4
+    """Passes over each rollout."""
+    minibatch_size: int = 8
+    """Rows per optimiser step."""
+    forward_batch_size: int = 32
+    """Rows per no-grad scoring forward of the rollout."""
+    clip_eps: float = 0.2
+    """Epsilon of the clipped policy ratio."""
+    entropy_coef: float = 0.0
+    """Entropy bonus weight (0 = none; the entropy is logged either way)."""
+    max_grad_norm: float | None = 1.0
+    """Gradient-norm clip per optimiser step; None = off."""
+    lr: float = 1e-4
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (matrices only)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Optimiser steps of linear warmup."""
+    scheduler: str = "constant"
+    """LR schedule after warmup: a name in :data:`SCHEDULERS`, over ``total_steps`` optimiser steps."""
+    total_steps: int | None = None
+    """Schedule length in optimiser steps; None = Trainer batches x updates per rollout."""
+    policy_lora: LoraSpec = dataclasses.field(default_factory=LoraSpec)
+    """The ``policy`` adapter (full-parameter PPO is not implemented: the reference is the adapter-free base)."""
+    recompute_old_logprobs: bool | None = None
+    """Take the old logprobs (and a shared-trunk critic's old values) from full no-grad forwards instead of the
+    sampler's cached one-token forwards. None = by precision: on under reduced precision (half weights or autocast,
+    TF32, k-bit), where the two kernels round differently (max |ratio - 1| 5.7e-3 under CPU bf16 autocast); off in
+    full precision, where they agree to ~1e-6 (one policy forward saved)."""
+    check_invariants: bool = True
+    """Stop the run when the first-update ratio is not 1 (every rollout) or the sampler's log-probs disagree with
+    a teacher-forced forward (once per fit, before the first rollout), naming the measured value and the cause."""
+    first_ratio_tolerance: float | None = None
+    """Bound on the mean |ratio - 1| of the first minibatch of each rollout; None = by precision
+    (:data:`lrlhf.modules.guards.RATIO_TOLERANCE`: 1e-3 full, 0.1 reduced)."""
+    sample_every_n_rollouts: int = 0
+    """Log the fixed-prompt sample table every N rollouts; 0 = never."""
+    sample_seed: int = 0
+    """Seed of the sample table's generation (the training RNG is left alone)."""
+    # keys that moved (MOVED_KEYS): accepted only to fail naming the new key; not fields
+    kl_coef: InitVar[object] = None
+    advantage_estimator: InitVar[object] = None
+    samples_per_prompt: InitVar[object] = None
+    gamma: InitVar[object] = None
+    lam: InitVar[object] = None
+    whiten_advantages: InitVar[object] = None
+    whiten_scope: InitVar[object] = None
+    vf_coef: InitVar[object] = None
+    value_clip_eps: InitVar[object] = None
+    value_lora: InitVar[object] = None
+    value_from_policy: InitVar[object] = None
+
+    def __post_init__(self, *moved):
+        for key, value in zip(MOVED_KEYS, moved, strict=True):
+            if value is not None:
+                raise ValueError(f"module.config.{key} is gone: set {MOVED_KEYS[key]}")
+        if isinstance(self.policy_lora, dict):  # from a YAML/Hydra config
+            self.policy_lora = LoraSpec(**self.policy_lora)
+        self.betas = tuple(self.betas)
+        checks = [
+            ("max_new_tokens", self.max_new_tokens >= 1, "must be >= 1"),
+            ("temperature", self.temperature > 0, "must be > 0 (PPO samples; greedy has no logprobs)"),
+            ("kl_estimator", self.kl_estimator in KL_ESTIMATORS, f"must be one of {sorted(KL_ESTIMATORS)}"),
+            ("score_clip", self.score_clip is None or self.score_clip > 0, "must be > 0 or None"),
+            ("ppo_epochs", self.ppo_epochs >= 1, "must be >= 1"),
+            ("minibatch_size", self.minibatch_size >= 1, "must be >= 1"),
+            ("forward_batch_size", self.forward_batch_size >= 1, "must be >= 1"),
+            ("clip_eps", 0 < self.clip_eps < 1, "must be in (0, 1)"),
+            ("entropy_coef", self.entropy_coef >= 0, "must be >= 0"),
+            ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "must be > 0 or None"),
+            ("lr", self.lr > 0, "must be > 0"),
+            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
+            ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
+            ("scheduler", self.scheduler in SCHEDULERS, f"must be one of {sorted(SCHEDULERS)}"),
+            ("total_steps", self.total_steps is None or self.total_steps > 0, "must be > 0 or None"),
+            ("sample_every_n_rollouts", self.sample_every_n_rollouts >= 0, "must be >= 0 (0 = never)"),
+            ("first_ratio_tolerance", self.first_ratio_tolerance is None or self.first_ratio_tolerance > 0,
+             "must be > 0 or None (by precision)"),
+        ]
+        for key, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"module.config.{key} {rule}, got {getattr(self, key)!r}")
+
+    @property
+    def sampling(self) -> SamplingConfig:
+        """The recorded sampling config of the rollouts (its seed is only used by the sample table)."""
+        return SamplingConfig(self.max_new_tokens, self.temperature, self.sample_seed)
+
+
+for _key in MOVED_KEYS:  # an InitVar leaves its default as a class attribute: a moved key must not read as set
+    delattr(PPOConfig, _key)
+
+
+def component_settings(component) -> dict | None:
+    """The hyperparameters of a component built by ``_target_`` (estimator, critic, KL controller): its class and
+    its settings (a dataclass's constructor fields, or its ``settings()``), as the module's hparams record them."""
+    if component is None:
+        return None
+    cls = type(component)
+    if dataclasses.is_dataclass(component):
+        settings = {f.name: getattr(component, f.name) for f in dataclasses.fields(component) if f.init}
+    else:
+        settings = component.settings() if hasattr(component, "settings") else {}
+    return {"_target_": f"{cls.__module__}.{cls.__qualname__}", **settings}
+
+
+__all__ = ["MOVED_KEYS", "PPOConfig", "component_settings"]
