@@ -107,7 +107,7 @@ def test_a_new_file_in_recipes_is_a_recipe(tmp_path):
 def test_bad_values_fail_before_any_work_naming_the_key(tmp_path):
     out = _train(tmp_path, "recipe=sft", "module.config.lr=-1", "logger=none", check=False)
     assert out.returncode != 0
-    assert "module.config" in out.stderr and "sft.lr must be > 0" in out.stderr
+    assert "module.config" in out.stderr and "module.config.lr must be > 0" in out.stderr
     assert not (tmp_path / "cache").exists()  # nothing was built
     out = _train(tmp_path, "recipe=sft", "trainer.max_stepz=3", "logger=none", check=False)
     assert out.returncode != 0 and "max_stepz" in out.stderr

@@ -204,10 +204,10 @@ def test_packed_batches_are_refused():
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
-    ("beta", 0.0, "dpo.beta must be > 0"),
-    ("label_smoothing", 0.5, r"dpo.label_smoothing must be in \[0, 0.5\)"),
-    ("scheduler", "step", "dpo.scheduler must be one of"),
-    ("lora", None, "dpo.lora must be a LoRA spec"),
+    ("beta", 0.0, "module.config.beta must be > 0"),
+    ("label_smoothing", 0.5, r"module.config.label_smoothing must be in \[0, 0.5\)"),
+    ("scheduler", "step", "module.config.scheduler must be one of"),
+    ("lora", None, "module.config.lora must be a LoRA spec"),
 ])
 def test_config_errors_name_the_key(key, value, message):
     with pytest.raises(ValueError, match=message):

@@ -315,12 +315,13 @@ def test_export_then_load_gives_the_same_scores(world, tmp_path, lora):
 # ---------------------------------------------------------------------------------------------- config
 @pytest.mark.parametrize(
     "kwargs, key",
-    [({"lr": 0.0}, "reward.lr"), ({"weight_decay": -1.0}, "reward.weight_decay"),
-     ({"warmup_steps": -1}, "reward.warmup_steps"), ({"scheduler": "step"}, "reward.scheduler"),
-     ({"head_init": "xavier"}, "reward.head_init"), ({"center_coef": -0.1}, "reward.center_coef"),
-     ({"ties": "ignore"}, "reward.ties"), ({"similar_length": -1}, "reward.similar_length"),
-     ({"calibration_bins": 0}, "reward.calibration_bins"),
-     ({"compile_pad_multiple": 0}, "reward.compile_pad_multiple")],
+    [({"lr": 0.0}, "module.config.lr"), ({"weight_decay": -1.0}, "module.config.weight_decay"),
+     ({"betas": (0.9, 1.0)}, "module.config.betas"), ({"eps": 0.0}, "module.config.eps"),
+     ({"warmup_steps": -1}, "module.config.warmup_steps"), ({"scheduler": "step"}, "module.config.scheduler"),
+     ({"head_init": "xavier"}, "module.config.head_init"), ({"center_coef": -0.1}, "module.config.center_coef"),
+     ({"ties": "ignore"}, "module.config.ties"), ({"similar_length": -1}, "module.config.similar_length"),
+     ({"calibration_bins": 0}, "module.config.calibration_bins"),
+     ({"compile_pad_multiple": 0}, "module.config.compile_pad_multiple")],
 )
 def test_config_validation_names_the_key(kwargs, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):

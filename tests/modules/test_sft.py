@@ -96,7 +96,7 @@ def test_validation_loss_is_token_weighted(tmp_path):
     ("sample_max_new_tokens", 0), ("sample_temperature", -1.0),
 ])  # fmt: skip
 def test_config_errors_name_the_key(key, value):
-    with pytest.raises(ValueError, match=rf"sft\.{key} "):
+    with pytest.raises(ValueError, match=rf"module\.config\.{key} "):
         SFTConfig(**{key: value})
 
 

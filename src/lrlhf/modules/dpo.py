@@ -39,7 +39,7 @@ from lrlhf.models import (
     load_tokenizer,
     reference_mode,
 )
-from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule, check_finite, check_finite_weights
+from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
 from lrlhf.modules.sft import ExportPaths
 from lrlhf.modules.stage import StageOutputs
 
@@ -48,53 +48,34 @@ TIE = 0.5
 
 # ---------------------------------------------------------------------------------------------- config
 @dataclass
-class DPOConfig:
-    """Hyperparameters of DPO (``dpo.*``; gradient clipping and accumulation are the Trainer's)."""
+class DPOConfig(OptimConfig):
+    """Hyperparameters of DPO (``module.config.*``; gradient clipping and accumulation are the Trainer's)."""
 
     beta: float = 0.1
     """Strength of the implicit KL constraint: the implicit reward is ``beta * (log pi - log ref)``."""
     label_smoothing: float = 0.0
     """Assumed probability that a label is flipped (conservative DPO), in [0, 0.5); 0 = the original loss."""
     lr: float = 5e-4
-    """Peak learning rate of AdamW (over the adapter only)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay, applied to matrices only."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    eps: float = 1e-8
-    """AdamW epsilon."""
-    warmup_steps: int = 0
-    """Optimiser steps of linear warmup."""
-    scheduler: str = "cosine"
-    """Learning-rate schedule after warmup: a name in :data:`SCHEDULERS`."""
-    total_steps: int | None = None
-    """Length of the schedule in optimiser steps; None = the Trainer's ``estimated_stepping_batches``."""
+    """Peak AdamW learning rate."""
     lora: LoraSpec = field(default_factory=LoraSpec)
     """The policy adapter; the base stays frozen and, with adapters disabled, is the reference."""
     adapter_name: str = "policy"
     """Name of the policy adapter (``policy``, as in PPO)."""
 
     def __post_init__(self):
+        self.check_optim()
         if isinstance(self.lora, dict):  # from a YAML/Hydra config
             self.lora = LoraSpec(**self.lora)
-        self.betas = tuple(self.betas)
         checks = [
             ("beta", self.beta > 0, "must be > 0"),
             ("label_smoothing", 0.0 <= self.label_smoothing < 0.5, "must be in [0, 0.5)"),
-            ("lr", self.lr > 0, "must be > 0"),
-            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
-            ("betas", len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "must be two values in [0, 1)"),
-            ("eps", self.eps > 0, "must be > 0"),
-            ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
-            ("scheduler", self.scheduler in SCHEDULERS, f"must be one of {sorted(SCHEDULERS)}"),
-            ("total_steps", self.total_steps is None or self.total_steps > 0, "must be > 0 or None"),
             ("lora", isinstance(self.lora, LoraSpec),
              "must be a LoRA spec (the reference is the base with the adapter disabled)"),
             ("adapter_name", bool(self.adapter_name), "must be a non-empty name"),
         ]
         for key, ok, rule in checks:
             if not ok:
-                raise ValueError(f"dpo.{key} {rule}, got {getattr(self, key)!r}")
+                raise ValueError(f"module.config.{key} {rule}, got {getattr(self, key)!r}")
 
 
 class PairLogprobs(NamedTuple):
@@ -222,11 +203,8 @@ class DPOModule(StageOutputs, pl.LightningModule):
 
     # ----------------------------------------------------------------------------------- optimiser
     def configure_optimizers(self):
-        cfg = self.config
-        return adamw_with_schedule(
-            self, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas, eps=cfg.eps, scheduler=cfg.scheduler,
-            warmup_steps=cfg.warmup_steps, total_steps=cfg.total_steps or int(self.trainer.estimated_stepping_batches),
-        )
+        cfg = self.config  # (the Trainer estimates the length only when total_steps is not set)
+        return cfg.optimizers(self, cfg.total_steps or int(self.trainer.estimated_stepping_batches))
 
     # -------------------------------------------------------------------------------------- export
     policy_name = "dpo"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -66,6 +67,50 @@ def adamw_with_schedule(
     lr_scheduler = LambdaLR(optimizer, SCHEDULERS[scheduler](warmup_steps, max(1, total_steps)))
     return {"optimizer": optimizer, "lr_scheduler": {"scheduler": lr_scheduler, "interval": "step"}}
 
+
+
+@dataclass
+class OptimConfig:
+    """The optimiser and schedule fields every module config shares (``module.config.<field>``), declared and
+    checked here once. A module's config subclasses it and may change a default (its own ``lr``; PPO's
+    ``scheduler``, whose length is in optimiser steps it cannot know before the first rollout)."""
+
+    lr: float = 1e-4
+    """AdamW learning rate (peak, after warmup)."""
+    weight_decay: float = 0.0
+    """AdamW weight decay, applied to matrices only (not to biases, norms or scalar heads' biases)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    eps: float = 1e-8
+    """AdamW epsilon."""
+    warmup_steps: int = 0
+    """Optimiser steps of linear warmup from 0 to ``lr``."""
+    scheduler: str = "cosine"
+    """Learning-rate schedule after warmup: a name in :data:`SCHEDULERS` (``constant``, ``linear``, ``cosine``)."""
+    total_steps: int | None = None
+    """Length of the schedule in optimiser steps; None = the Trainer's ``estimated_stepping_batches``."""
+
+    def check_optim(self) -> None:
+        """Raise naming the key the user types (``module.config.<field>``); call first in ``__post_init__``."""
+        self.betas = tuple(self.betas)
+        checks = [
+            ("lr", self.lr > 0, "must be > 0"),
+            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
+            ("betas", len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "must be two values in [0, 1)"),
+            ("eps", self.eps > 0, "must be > 0"),
+            ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
+            ("scheduler", self.scheduler in SCHEDULERS, f"must be one of {sorted(SCHEDULERS)}"),
+            ("total_steps", self.total_steps is None or self.total_steps > 0, "must be > 0 or None"),
+        ]
+        for key, ok, rule in checks:
+            if not ok:
+                raise ValueError(f"module.config.{key} {rule}, got {getattr(self, key)!r}")
+
+    def optimizers(self, module: nn.Module, total_steps: int) -> dict:
+        """:func:`adamw_with_schedule` over ``module`` with these settings (``self.total_steps`` wins when set)."""
+        return adamw_with_schedule(module, lr=self.lr, weight_decay=self.weight_decay, betas=self.betas, eps=self.eps,
+                                   scheduler=self.scheduler, warmup_steps=self.warmup_steps,
+                                   total_steps=self.total_steps or total_steps)
 
 
 def _likely_cause(lr: float, lr_key: str) -> str:

@@ -53,7 +53,6 @@ from lrlhf.models.generation import as_prompt, eos_token_ids, sample_with_logpro
 from lrlhf.modules.advantages import GAE, AdvantageEstimator
 from lrlhf.modules.critic import POLICY, Critic, ValueAdapter
 from lrlhf.modules.guards import PPOGuards
-from lrlhf.modules.optim import adamw_with_schedule
 from lrlhf.modules.ppo_config import MOVED_KEYS, PPOConfig, component_settings
 from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.rollout import (
@@ -401,9 +400,7 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         if cfg.total_steps is None and (cfg.scheduler != "constant" or cfg.warmup_steps):
             raise ValueError(f"module.config.total_steps must be set (in optimiser steps) for scheduler "
                              f"{cfg.scheduler!r} with warmup; see PPOModule.updates_per_rollout")
-        return adamw_with_schedule(self, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=cfg.betas,
-                                   scheduler=cfg.scheduler, warmup_steps=cfg.warmup_steps,
-                                   total_steps=cfg.total_steps or 1)
+        return cfg.optimizers(self, total_steps=1)  # constant (or total_steps set): the length is not needed
 
     # ------------------------------------------------------------------ what the stage leaves (lrlhf.modules.stage)
     summary_metrics = ("rollout/kl_seq", "rollout/score")

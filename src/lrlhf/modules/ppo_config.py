@@ -9,7 +9,7 @@ from dataclasses import InitVar, dataclass
 from lrlhf.functional import KL_ESTIMATORS
 from lrlhf.models import LoraSpec
 from lrlhf.models.generation import SamplingConfig
-from lrlhf.modules.optim import SCHEDULERS
+from lrlhf.modules.optim import OptimConfig
 
 #: ``module.config`` keys of earlier versions and the keys that replaced them: setting one fails naming the new.
 MOVED_KEYS = {
@@ -26,7 +26,7 @@ MOVED_KEYS = {
 
 
 @dataclass
-class PPOConfig:
+class PPOConfig(OptimConfig):
     """Hyperparameters of PPO (``module.config.*``); the estimator, critic and KL controller have their own."""
 
     max_new_tokens: int = 32
@@ -51,18 +51,8 @@ class PPOConfig:
     """Entropy bonus weight (0 = none; the entropy is logged either way)."""
     max_grad_norm: float | None = 1.0
     """Gradient-norm clip per optimiser step; None = off."""
-    lr: float = 1e-4
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay (matrices only)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    warmup_steps: int = 0
-    """Optimiser steps of linear warmup."""
     scheduler: str = "constant"
     """LR schedule after warmup: a name in :data:`SCHEDULERS`, over ``total_steps`` optimiser steps."""
-    total_steps: int | None = None
-    """Schedule length in optimiser steps; None = Trainer batches x updates per rollout."""
     policy_lora: LoraSpec = dataclasses.field(default_factory=LoraSpec)
     """The ``policy`` adapter (full-parameter PPO is not implemented: the reference is the adapter-free base)."""
     recompute_old_logprobs: bool | None = None
@@ -99,7 +89,7 @@ class PPOConfig:
                 raise ValueError(f"module.config.{key} is gone: set {MOVED_KEYS[key]}")
         if isinstance(self.policy_lora, dict):  # from a YAML/Hydra config
             self.policy_lora = LoraSpec(**self.policy_lora)
-        self.betas = tuple(self.betas)
+        self.check_optim()
         checks = [
             ("max_new_tokens", self.max_new_tokens >= 1, "must be >= 1"),
             ("temperature", self.temperature > 0, "must be > 0 (PPO samples; greedy has no logprobs)"),
@@ -111,11 +101,6 @@ class PPOConfig:
             ("clip_eps", 0 < self.clip_eps < 1, "must be in (0, 1)"),
             ("entropy_coef", self.entropy_coef >= 0, "must be >= 0"),
             ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "must be > 0 or None"),
-            ("lr", self.lr > 0, "must be > 0"),
-            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
-            ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
-            ("scheduler", self.scheduler in SCHEDULERS, f"must be one of {sorted(SCHEDULERS)}"),
-            ("total_steps", self.total_steps is None or self.total_steps > 0, "must be > 0 or None"),
             ("sample_every_n_rollouts", self.sample_every_n_rollouts >= 0, "must be >= 0 (0 = never)"),
             ("first_ratio_tolerance", self.first_ratio_tolerance is None or self.first_ratio_tolerance > 0,
              "must be > 0 or None (by precision)"),

@@ -53,7 +53,7 @@ from lrlhf.models.reward import (
     load_calibration,
     load_reward_model,
 )
-from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule, check_finite, check_finite_weights
+from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
 from lrlhf.modules.reward_eval import compute_calibration
 from lrlhf.modules.stage import StageOutputs
 
@@ -63,17 +63,11 @@ LENGTH_BUCKETS = ("chosen_longer", "similar", "chosen_shorter")
 
 
 @dataclass
-class RewardConfig:
-    """Hyperparameters of reward-model training (``reward.*`` in configs)."""
+class RewardConfig(OptimConfig):
+    """Hyperparameters of reward-model training (``module.config.*``); the optimiser's are :class:`OptimConfig`'s."""
 
-    lr: float = 1e-4
-    """AdamW learning rate (peak, after warmup)."""
-    weight_decay: float = 0.0
-    """AdamW weight decay, applied to matrices only (not to biases or norm weights)."""
-    warmup_steps: int = 0
-    """Optimizer steps of linear warmup from 0 to ``lr``."""
     scheduler: str = "constant"
-    """After warmup: ``constant``, ``linear`` (to 0) or ``cosine`` (to 0) over the Trainer's total steps."""
+    """Learning-rate schedule after warmup (a name in SCHEDULERS); the recipes set ``cosine``."""
     lora: LoraSpec | None = None
     """A LoRA adapter named ``reward`` on a frozen backbone; None fine-tunes the whole backbone. The head is
     trained either way."""
@@ -103,26 +97,19 @@ class RewardConfig:
     (the extra positions are masked padding, so the rewards are unchanged). 1: no rounding."""
 
     def __post_init__(self):
-        if not self.lr > 0:
-            raise ValueError(f"reward.lr must be > 0, got {self.lr}")
-        if self.weight_decay < 0:
-            raise ValueError(f"reward.weight_decay must be >= 0, got {self.weight_decay}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"reward.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.scheduler not in SCHEDULERS:
-            raise ValueError(f"reward.scheduler={self.scheduler!r}; choose one of {sorted(SCHEDULERS)}")
+        self.check_optim()
         if self.head_init not in HEAD_INITS:
-            raise ValueError(f"reward.head_init={self.head_init!r}; choose one of {HEAD_INITS}")
+            raise ValueError(f"module.config.head_init={self.head_init!r}; choose one of {HEAD_INITS}")
         if self.center_coef < 0:
-            raise ValueError(f"reward.center_coef must be >= 0, got {self.center_coef}")
+            raise ValueError(f"module.config.center_coef must be >= 0, got {self.center_coef}")
         if self.ties not in TIES:
-            raise ValueError(f"reward.ties={self.ties!r}; choose one of {TIES}")
+            raise ValueError(f"module.config.ties={self.ties!r}; choose one of {TIES}")
         if self.similar_length < 0:
-            raise ValueError(f"reward.similar_length must be >= 0, got {self.similar_length}")
+            raise ValueError(f"module.config.similar_length must be >= 0, got {self.similar_length}")
         if self.calibration_bins < 1:
-            raise ValueError(f"reward.calibration_bins must be >= 1, got {self.calibration_bins}")
+            raise ValueError(f"module.config.calibration_bins must be >= 1, got {self.calibration_bins}")
         if self.compile_pad_multiple < 1:
-            raise ValueError(f"reward.compile_pad_multiple must be >= 1, got {self.compile_pad_multiple}")
+            raise ValueError(f"module.config.compile_pad_multiple must be >= 1, got {self.compile_pad_multiple}")
         if isinstance(self.lora, dict):  # from a YAML config
             self.lora = LoraSpec(**self.lora)
 
@@ -417,14 +404,8 @@ class RewardModule(StageOutputs, pl.LightningModule):
 
     # ------------------------------------------------------------------------------------------ optimiser
     def configure_optimizers(self):
-        return adamw_with_schedule(
-            self.model,
-            lr=self.config.lr,
-            weight_decay=self.config.weight_decay,
-            scheduler=self.config.scheduler,
-            warmup_steps=self.config.warmup_steps,
-            total_steps=int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1,
-        )
+        steps = int(self.trainer.estimated_stepping_batches) if self._trainer is not None else 1
+        return self.config.optimizers(self.model, steps)
 
     # --------------------------------------------------------------------------------------------- export
     def finish(self, datamodule, out_dir: Path, trained) -> dict:

@@ -33,30 +33,18 @@ from lrlhf.models import (
     load_tokenizer,
 )
 from lrlhf.models.generation import SamplingConfig, as_prompt
-from lrlhf.modules.optim import SCHEDULERS, adamw_with_schedule, check_finite, check_finite_weights
+from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
 from lrlhf.modules.samples import log_table, sample_table
 from lrlhf.modules.stage import StageOutputs
 
 
 # ---------------------------------------------------------------------------------------------- config
 @dataclass
-class SFTConfig:
+class SFTConfig(OptimConfig):
     """Hyperparameters of SFT (gradient clipping and accumulation are the Trainer's)."""
 
     lr: float = 2e-5
-    """Peak learning rate of AdamW."""
-    weight_decay: float = 0.0
-    """AdamW weight decay, applied to matrices only (not to norms and biases, which decay would pull to 0)."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    eps: float = 1e-8
-    """AdamW epsilon."""
-    warmup_steps: int = 0
-    """Optimiser steps of linear warmup."""
-    scheduler: str = "cosine"
-    """Learning-rate schedule after warmup: a name in :data:`SCHEDULERS`."""
-    total_steps: int | None = None
-    """Length of the schedule in optimiser steps; None = the Trainer's ``estimated_stepping_batches``."""
+    """Peak AdamW learning rate."""
     lora: LoraSpec | None = None
     """None = full fine-tuning; a spec trains one LoRA adapter (named :attr:`adapter_name`), base frozen."""
     adapter_name: str = "policy"
@@ -71,17 +59,10 @@ class SFTConfig:
     """Seed of the sample table's generation (the training RNG is not touched)."""
 
     def __post_init__(self):
+        self.check_optim()
         if isinstance(self.lora, dict):  # from a YAML/Hydra config
             self.lora = LoraSpec(**self.lora)
-        self.betas = tuple(self.betas)
         checks = [
-            ("lr", self.lr > 0, "must be > 0"),
-            ("weight_decay", self.weight_decay >= 0, "must be >= 0"),
-            ("betas", len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "must be two values in [0, 1)"),
-            ("eps", self.eps > 0, "must be > 0"),
-            ("warmup_steps", self.warmup_steps >= 0, "must be >= 0"),
-            ("scheduler", self.scheduler in SCHEDULERS, f"must be one of {sorted(SCHEDULERS)}"),
-            ("total_steps", self.total_steps is None or self.total_steps > 0, "must be > 0 or None"),
             ("adapter_name", bool(self.adapter_name), "must be a non-empty name"),
             ("sample_every_n_steps", self.sample_every_n_steps >= 0, "must be >= 0 (0 = never)"),
             ("sample_max_new_tokens", self.sample_max_new_tokens >= 1, "must be >= 1"),
@@ -89,7 +70,7 @@ class SFTConfig:
         ]
         for key, ok, rule in checks:
             if not ok:
-                raise ValueError(f"sft.{key} {rule}, got {getattr(self, key)!r}")
+                raise ValueError(f"module.config.{key} {rule}, got {getattr(self, key)!r}")
 
     @property
     def sampling(self) -> SamplingConfig:
@@ -238,17 +219,8 @@ class SFTModule(StageOutputs, pl.LightningModule):
 
     # ----------------------------------------------------------------------------------- optimiser
     def configure_optimizers(self):
-        cfg = self.config
-        return adamw_with_schedule(
-            self,
-            lr=cfg.lr,
-            weight_decay=cfg.weight_decay,
-            betas=cfg.betas,
-            eps=cfg.eps,
-            scheduler=cfg.scheduler,
-            warmup_steps=cfg.warmup_steps,
-            total_steps=cfg.total_steps or int(self.trainer.estimated_stepping_batches),
-        )
+        cfg = self.config  # (the Trainer estimates the length only when total_steps is not set)
+        return cfg.optimizers(self, cfg.total_steps or int(self.trainer.estimated_stepping_batches))
 
     # -------------------------------------------------------------------------------------- export
     summary_metrics = ("train/loss", "val/loss")
