@@ -193,15 +193,6 @@ def run_config(cfg: DictConfig) -> dict:
     return {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
 
 
-def config_differences(old: dict, new: dict, allowed: tuple[str, ...] | list[str]) -> list[str]:
-    """``"<key>: checkpoint <a>, this run <b>"`` for each dotted key of the nested dicts ``old`` and ``new`` whose
-    values differ outside ``allowed`` (fnmatch patterns), and for the keys the restored optimiser state would
-    override even where allowed (the checkpoint's own rule: :func:`lrlhf.callbacks.checkpoint.config_problems`)."""
-    from lrlhf.callbacks.checkpoint import config_problems
-
-    return [p.removeprefix("config ") for p in config_problems(old, new, allowed)]
-
-
 def _checkpoint_file(cfg: DictConfig) -> tuple[Path | None, DictConfig | None]:
     """The checkpoint file ``ckpt_path`` names and the callback config that writes it (a ResumableCheckpoint's);
     ``(None, None)`` when there is none to look at before training (no such file, a sharded folder, other
@@ -226,7 +217,7 @@ def check_resume(cfg: DictConfig) -> None:
     digests) still runs when training loads the checkpoint; this one only looks at the stored run config."""
     import torch
 
-    from lrlhf.callbacks.checkpoint import META_KEY, _plain
+    from lrlhf.callbacks.checkpoint import META_KEY, _plain, config_problems
 
     path, callback = _checkpoint_file(cfg)
     if path is None:
@@ -239,10 +230,10 @@ def check_resume(cfg: DictConfig) -> None:
     if not old:  # written without a run config (not by the CLI)
         return
     allowed = (*RESUMABLE_CHANGES, *(callback.get("allowed_config_changes") or ()))
-    problems = config_differences({"config": old}, {"config": _plain(run_config(cfg))}, allowed)
+    problems = config_problems({"config": old}, {"config": _plain(run_config(cfg))}, allowed)
     if problems:
         raise ValueError(f"cannot resume from {path} (ckpt_path={cfg.ckpt_path}): the run config differs, nothing "
-                         "was built or trained:\n  config " + "\n  config ".join(problems))
+                         "was built or trained:\n  " + "\n  ".join(problems))
 
 
 def _local_file(source) -> Path | None:

@@ -144,9 +144,9 @@ class ModelPolicy:
 
 
 class ModuleHooks:
-    """A PPO LightningModule as a :class:`HeldOutPolicy`, through its hooks: ``generate`` (or ``sample``; its
-    sampling config), ``policy_forward``, ``reference_logprobs``, ``score``, and its ``calibration``, ``tokenizer``,
-    ``pad_token_id``, ``eos_token_ids``, ``device``."""
+    """A PPO LightningModule as a :class:`HeldOutPolicy`, through its hooks: ``generate`` (the ids of its one
+    sampling hook, ``sample``), ``policy_forward``, ``reference_logprobs``, ``score``, and its ``calibration``,
+    ``tokenizer``, ``pad_token_id``, ``eos_token_ids``, ``device``."""
 
     def __init__(self, module):
         self.module = module
@@ -155,9 +155,7 @@ class ModuleHooks:
         self.calibration = getattr(module, "calibration", None)
 
     def generate(self, q: Tensor, qm: Tensor) -> Tensor:
-        # a module's own generate(q, qm) when it has one, else its one sampling hook, sample(q, qm)[0] (the ids)
-        generate = getattr(self.module, "generate", None)
-        return generate(q, qm) if generate is not None else self.module.sample(q, qm)[0]
+        return self.module.generate(q, qm)  # PPOModule.generate: the response ids of its one sampling hook
 
     def logprobs_and_reference(self, q: Tensor, qm: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
         logprobs, _ = self.module.policy_forward(q, qm, r)

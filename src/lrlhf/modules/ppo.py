@@ -15,7 +15,6 @@ The logits and the value of action ``t`` of ``prompt (P columns, left-padded) + 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -411,12 +410,10 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         return self.advantage.name
 
     def stage_summary(self, trainer, out_dir: Path) -> dict:
-        """The rollouts done, the final beta and the last rollout's KL and score (those of the folder's summary when
-        a finished run, resumed again, trained nothing)."""
-        previous = json.loads((out_dir / "summary.json").read_text()) if (out_dir / "summary.json").is_file() else {}
-        logged = super().stage_summary(trainer, out_dir)
+        """The rollouts done, the final beta and the last rollout's KL and score (a run resumed at its end trains
+        nothing: the checkpoint restores what was last logged, ResumableCheckpoint.on_fit_start)."""
         return {"rollouts": self.rollouts_done, "kl/beta": self.kl_controller.value,
-                **{k: v if v is not None else previous.get(k) for k, v in logged.items()}}
+                **super().stage_summary(trainer, out_dir)}
 
     def export_stage(self, folder: Path) -> dict[str, Path | None]:
         paths = self.export(folder / "export")
