@@ -211,6 +211,7 @@ def run(cfg: DictConfig) -> dict:
     from lrlhf.utils.io import atomic_save_folder, swap_folder_in
 
     logging.getLogger("lrlhf").setLevel(logging.WARNING)  # the data summaries are printed once, not logged too
+    os.environ["LRLHF_CACHE_DIR"] = str(Path(cfg.paths.cache_dir).expanduser())  # e.g. dequantised GGUF models
     hydra_cfg = HydraConfig.get()
     overrides = list(hydra_cfg.overrides.task)
     run_dir = Path(cfg.paths.run_dir)

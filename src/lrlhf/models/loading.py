@@ -17,6 +17,7 @@ from lrlhf.utils.model_source import (
     ModelSourceError,
     check_model_source,
     load_tokenizer,
+    plain_source,
     resolve_sources,
 )
 
@@ -35,7 +36,9 @@ class ModelConfig:
     valid hub id, or has a parent folder that exists is a folder, and a missing one is an error (checked when
     loading: a needed stage writes its folder later)."""
     gguf_file: str | None = None
-    """File name of a GGUF checkpoint inside ``name_or_path`` (dequantised to ``dtype`` on load)."""
+    """File name of a GGUF checkpoint inside ``name_or_path``: dequantised once into a plain transformers folder
+    cached under ``<paths.cache_dir>/models/`` (:func:`lrlhf.utils.model_source.dequantised_folder`), which is
+    then loaded in ``dtype`` (and quantised by ``quantization`` if set) and saves like any other model."""
     dtype: str = "float32"
     """Weights dtype: one of ``float32``, ``bfloat16``, ``float16``."""
     attn_implementation: str | None = None
@@ -52,8 +55,6 @@ class ModelConfig:
             raise ValueError(f"model.dtype={self.dtype!r} is not supported; choose one of {sorted(DTYPES)}")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(f"model.quantization={self.quantization!r}; choose one of {QUANTIZATIONS}")
-        if self.quantization and self.gguf_file:
-            raise ValueError("model.quantization and model.gguf_file cannot be combined: GGUF is dequantised on load")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -82,6 +83,7 @@ def load_causal_lm(cfg: ModelConfig):
     """
     from transformers import AutoModelForCausalLM
 
+    cfg = plain_source(cfg)
     own, base = resolve_sources(cfg)
     kwargs = dict(
         dtype=cfg.torch_dtype,
@@ -90,8 +92,6 @@ def load_causal_lm(cfg: ModelConfig):
     )
     if cfg.attn_implementation:
         kwargs["attn_implementation"] = cfg.attn_implementation
-    if cfg.gguf_file:
-        kwargs["gguf_file"] = cfg.gguf_file
     if cfg.quantization:
         if base is not None:
             raise ValueError("a LoRA adapter as the starting model must be merged in full precision first")

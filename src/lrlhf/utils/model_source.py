@@ -7,9 +7,10 @@ Below ``data`` and ``models``, which both load tokenizers: :func:`lrlhf.models.l
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -143,6 +144,63 @@ def check_model_source(cfg) -> None:
     resolve_sources(cfg)
 
 
+def cache_root() -> Path:
+    """Where lrlhf caches what it builds: ``LRLHF_CACHE_DIR`` (the CLI sets it to ``paths.cache_dir``), by default
+    ``~/.cache/lrlhf``."""
+    return Path(os.environ.get("LRLHF_CACHE_DIR") or "~/.cache/lrlhf").expanduser()
+
+
+def _dequantise(folder: str, gguf_file: str, out: Path) -> None:
+    import copy
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    quantised = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    config = copy.deepcopy(quantised.config)
+    if hasattr(config, "quantization_config"):  # the GGUF marker that makes save_pretrained refuse
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quantised.state_dict(), strict=True)
+    plain.save_pretrained(out)
+    AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file).save_pretrained(out)
+
+
+def dequantised_folder(cfg) -> Path:
+    """The plain float32 transformers folder (model and tokenizer) of ``cfg``'s GGUF file, converted once and
+    cached under ``<cache>/models/`` keyed by the file (path, size, modification time) and the transformers
+    version. A model loaded from GGUF cannot be saved (transformers refuses to serialise it) and loads slowly;
+    the converted folder saves like any other, gives the same logits and loads in a fraction of a second."""
+    import transformers
+
+    from lrlhf.utils.io import atomic_save_folder, recover_folder
+
+    own = Source(cfg.name_or_path, KEY, _local_folder(cfg.name_or_path))
+    if own.local is None:
+        raise ModelSourceError(f"model.gguf_file={cfg.gguf_file!r} with {KEY}={cfg.name_or_path!r}: a GGUF file "
+                               "is read from a local folder; download it and pass that folder")
+    _check_folder(own.local, cfg, "model")
+    gguf = (own.local / cfg.gguf_file).resolve()
+    stat = gguf.stat()
+    identity = f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    target = cache_root() / "models" / f"{gguf.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
+    recover_folder(target)
+    if not (target / "config.json").is_file():
+        print(f"dequantising {gguf} once into {target}", flush=True)
+        atomic_save_folder(target, lambda tmp: _dequantise(str(own.local), cfg.gguf_file, tmp))
+    return target
+
+
+def plain_source(cfg):
+    """``cfg`` itself, or for a GGUF checkpoint a copy naming its dequantised folder (:func:`dequantised_folder`)."""
+    if not getattr(cfg, "gguf_file", None):
+        return cfg
+    folder = str(dequantised_folder(cfg))
+    if hasattr(cfg, "__dataclass_fields__"):
+        return replace(cfg, name_or_path=folder, gguf_file=None, revision=None)
+    return _NameOnly(folder, trust_remote_code=getattr(cfg, "trust_remote_code", False))
+
+
 @dataclass(frozen=True)
 class _NameOnly:
     """A model source given by its name alone (the defaults of :class:`lrlhf.models.ModelConfig`)."""
@@ -172,13 +230,12 @@ def load_tokenizer(source):
         return source
     from transformers import AutoTokenizer
 
+    cfg = plain_source(cfg)
     own, base = resolve_sources(cfg, "tokenizer")
     where = base if base is not None and not (own.local / "tokenizer_config.json").is_file() else own
     kwargs = dict(trust_remote_code=getattr(cfg, "trust_remote_code", False),
                   revision=getattr(cfg, "revision", None))
-    if getattr(cfg, "gguf_file", None):
-        kwargs["gguf_file"] = cfg.gguf_file
-    elif where.local is not None and not any((where.local / file).is_file() for file in TOKENIZER_FILES):
+    if where.local is not None and not any((where.local / file).is_file() for file in TOKENIZER_FILES):
         # refused here: transformers 5.0 builds a default tokenizer from config.json alone, later releases fail
         raise where.error("tokenizer", FileNotFoundError("no tokenizer files"))
     try:
