@@ -103,7 +103,7 @@ def _metrics(module):
         "accuracy": module.val_accuracy.compute().item(), "nll": module.val_nll.compute().item(),
         "ece": module.val_ece.compute().item(), "auroc": module.val_auroc.compute().item(),
         "buckets": {k: m.compute().item() for k, m in module.val_length_accuracy.items() if m.update_count},
-        "sources": {k: m.compute().item() for k, m in module.val_source_accuracy.items()},
+        "sources": {module.source_names[k]: m.compute().item() for k, m in module.val_source_accuracy.items()},
         "corr": module.val_length_corr.compute().item(),
     }
 
@@ -243,6 +243,21 @@ def test_trainer_fit_and_validate_on_the_toy_world(world):
                 "val/accuracy_source/count"):
         assert key in metrics and math.isfinite(metrics[key]), key
     assert 0.0 <= metrics["val/accuracy"] <= 1.0
+
+
+def test_a_source_file_name_with_dots_is_a_metric_name(world, tmp_path):
+    # issue #15: per-source accuracy used the file name as a module key, and "module name can't contain '.'"
+    lines = [json.loads(line) for line in world.pref_val.read_text().splitlines()]
+    hh_test = tmp_path / "hh_test.v2.jsonl"
+    hh_test.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "task"}) + "\n" for r in lines))
+    module = RewardModule(ModelConfig(str(world.model)), RewardConfig(lr=1e-3), tokenizer=world.tokenizer)
+    trainer = Trainer(max_steps=1, accelerator="cpu", logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0)
+    data = PreferenceDataModule(str(world.tokenizer), train=str(world.pref_train), val=str(hh_test),
+                                batch_size=4, max_length=96)
+    trainer.fit(module, datamodule=data)
+    metrics = trainer.validate(module, datamodule=data, verbose=False)[0]
+    assert metrics[f"val/accuracy_source/{hh_test.name}"] == pytest.approx(metrics["val/accuracy"])
 
 
 def test_packed_pairs_score_like_padded_ones(world):

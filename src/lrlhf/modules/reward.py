@@ -18,6 +18,8 @@ The exported folder is the frozen reward artefact, read by :mod:`lrlhf.models.re
 
 from __future__ import annotations
 
+import hashlib
+
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -204,12 +206,20 @@ class RewardModule(StageOutputs, pl.LightningModule):
         self.val_length_accuracy = nn.ModuleDict({name: MeanMetric() for name in LENGTH_BUCKETS})
         # Per-source metrics are created for the sources known at setup (from the validation set) so every
         # process holds the same metrics; one created later (no datamodule) is fine in a single process.
+        # Keyed by a digest of the source name: a module key cannot hold a dot, and a file name often does.
         self.val_source_accuracy = nn.ModuleDict()
+        self.source_names: dict[str, str] = {}  # module key -> source name (as logged)
+
+    @staticmethod
+    def source_key(name: str) -> str:
+        return "source_" + hashlib.sha256(name.encode()).hexdigest()[:16]
 
     def register_sources(self, sources: Iterable[str]) -> None:
         for name in sorted(set(sources)):
-            if name not in self.val_source_accuracy:
-                self.val_source_accuracy[name] = MeanMetric().to(self.device)
+            key = self.source_key(name)
+            if key not in self.val_source_accuracy:
+                self.val_source_accuracy[key] = MeanMetric().to(self.device)
+                self.source_names[key] = name
 
     def setup(self, stage: str) -> None:
         datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
@@ -363,7 +373,7 @@ class RewardModule(StageOutputs, pl.LightningModule):
             self.register_sources(sources)
             for name in set(sources):
                 mask = torch.tensor([s == name for s in sources], device=correct.device)
-                self.val_source_accuracy[name].update(correct[mask])
+                self.val_source_accuracy[self.source_key(name)].update(correct[mask])
 
     def log_metrics(self) -> None:
         kw = {"on_step": False, "on_epoch": True}
@@ -374,8 +384,8 @@ class RewardModule(StageOutputs, pl.LightningModule):
         self.log("val/reward_length_corr", self.val_length_corr, **kw)
         for name, metric in self.val_length_accuracy.items():
             self.log(f"val/accuracy_{name}", metric, **kw)
-        for name, metric in self.val_source_accuracy.items():
-            self.log(f"val/accuracy_source/{name}", metric, **kw)
+        for key, metric in self.val_source_accuracy.items():
+            self.log(f"val/accuracy_source/{self.source_names[key]}", metric, **kw)
 
     def on_validation_epoch_start(self) -> None:
         # The same flips every epoch: epoch-to-epoch changes of ECE / AUROC are the model's, not the order's.

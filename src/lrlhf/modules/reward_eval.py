@@ -21,7 +21,7 @@ def evaluate_held_out(module, data, out_dir: Path, trained) -> dict:
     if module is not trained or getattr(data.trainer, "world_size", 1) > 1:  # rank 0 alone, the whole test set
         data.trainer = None
         data.setup("test")
-        module.register_sources(trained.val_source_accuracy)  # the metrics training had, and the test set's
+        module.register_sources(trained.source_names.values())  # the metrics training had, and the test set's
         module.register_split_sources(data, "test")
         no_metric_sync(module)
     evaluator = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
