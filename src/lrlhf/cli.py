@@ -177,6 +177,8 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
     training, the callbacks' part (early stopping restores its chosen checkpoint), then on global rank 0 the
     module's held-out evaluations, its export (swapped into place), and for a policy the comparison with SFT."""
     summary = module.stage_summary(trainer, out_dir)  # every rank
+    if getattr(data, "reports", None):
+        summary["data"] = dict(data.reports)  # per split: records, kept, every drop by reason
     for callback in trainer.callbacks:
         if callable(getattr(callback, "stage_summary", None)):
             summary.update(callback.stage_summary(trainer, module))  # every rank (a sharded restore is collective)

@@ -233,3 +233,25 @@ def test_special_token_text_policy_reaches_the_encoder(chatml):
     assert len(dm.datasets["train"]) == 1
     with pytest.raises(ValueError, match="special_text"):
         SFTDataModule(chatml, train=[forged], special_text="escape")
+
+
+def test_a_too_long_ranking_answer_is_removed_not_its_group_and_every_drop_is_reported(chatml, tmp_path, capsys):
+    # issue #15: one answer over max_length dropped its whole group, and the printed summary said nothing
+    import json
+
+    path = tmp_path / "ranks.v1.jsonl"
+    long_answer = " ".join(WORDS * 6)
+    rows = [{"prompt": "hi", "completions": ["a", long_answer, "b", "c"], "ranks": [2, 1, 3, 4]},
+            {"prompt": "yo", "completions": ["a", long_answer], "ranks": [2, 1]},  # one answer left: dropped
+            {"prompt": "ok", "completions": ["a", "b"], "ranks": [1, 2]}]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    dm = PreferenceDataModule(chatml, train=str(path), batch_size=4, max_length=24)
+    dm.setup("fit")
+    assert [item.ranks for item in dm.datasets["train"]] == [[2, 3, 4], [1, 2]]
+    assert dm.stats["train"].removed_answers == 1 and dm.stats["train"].dropped == {"too_long": 1}
+    assert dm.reports["train"] == {
+        "source": "ranks.v1.jsonl", "records": 3, "kept": 2, "dropped_reading": {},
+        "dropped_encoding": {"too_long": 1}, "truncated": 0, "removed_answers": 1}
+    out = capsys.readouterr().out
+    assert ("data train (ranks.v1.jsonl), encoded with max_length=24: 3 records -> 2 kept; dropped too_long 1; "
+            "1 ranking answers removed as too long") in out

@@ -149,6 +149,7 @@ class ChatDataModule(pl.LightningDataModule):
         self._loaded: dict = {}
         self.datasets: dict[str, list] = {}
         self.stats: dict[str, Any] = {}
+        self.reports: dict[str, dict] = {}  # per split: records, kept, every drop by reason (summary.json "data")
         self._train_sampler: ResumableSampler | None = None
         self._pending_state: dict | None = None
 
@@ -200,7 +201,9 @@ class ChatDataModule(pl.LightningDataModule):
             if self.sources[split] is None or split in self.datasets:
                 continue
             records, stats = self._records(split)
+            before = dict(stats.dropped), stats.truncated, getattr(stats, "removed_answers", 0)
             items = [item for item in (self.encode(r, stats) for r in records) if item is not None]
+            self.reports[split] = self._report(split, records, items, stats, before)
             if not items:
                 raise ValueError(
                     f"{split} split is empty after encoding: {len(records)} records, "
@@ -209,6 +212,25 @@ class ChatDataModule(pl.LightningDataModule):
                 )
             self.datasets[split] = self.pack(items) if self.packing else items
             self.stats[split] = stats
+
+    def _report(self, split: str, records: list, items: list, stats, before) -> dict:
+        """What reading and encoding ``split`` kept and dropped, per reason; printed when encoding dropped,
+        truncated or trimmed anything (the loader's summary, printed earlier, cannot know it)."""
+        dropped_before, truncated_before, removed_before = before
+        encoding = {reason: n - dropped_before.get(reason, 0) for reason, n in stats.dropped.items()
+                    if n - dropped_before.get(reason, 0)}
+        report = {"source": str(getattr(stats, "source", "records")), "records": len(records), "kept": len(items),
+                  "dropped_reading": dropped_before, "dropped_encoding": encoding,
+                  "truncated": stats.truncated - truncated_before,
+                  "removed_answers": getattr(stats, "removed_answers", 0) - removed_before}
+        if encoding or report["truncated"] or report["removed_answers"]:
+            parts = [f"dropped {', '.join(f'{reason} {n}' for reason, n in encoding.items())}"] if encoding else []
+            parts += [f"truncated {report['truncated']}"] if report["truncated"] else []
+            parts += [f"{report['removed_answers']} ranking answers removed as too long"] * bool(
+                report["removed_answers"])
+            print(f"data {split} ({report['source']}), encoded with max_length={self.max_length}: "
+                  f"{len(records):,} records -> {len(items):,} kept; {'; '.join(parts)}", flush=True)
+        return report
 
     # ---------------------------------------------------------------------------------- dataloaders
     def _replicas(self) -> tuple[int, int]:

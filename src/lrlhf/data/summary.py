@@ -30,6 +30,7 @@ class DataSummary:
     read: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
     truncated: int = 0
+    removed_answers: int = 0  # ranking answers too long to fit, removed from a group that was kept
 
     @property
     def kept(self) -> int:
@@ -54,6 +55,8 @@ class DataSummary:
         """A flat dict for loggers: ``read``, ``kept``, ``truncated``, ``dropped/<reason>`` and the labels."""
         out: dict[str, Any] = {"source": self.source, "kind": self.kind, "format": self.format}
         out.update(read=self.read, kept=self.kept, truncated=self.truncated)
+        if self.removed_answers:
+            out["removed_answers"] = self.removed_answers
         out.update({f"dropped/{reason}": n for reason, n in self.dropped.items()})
         return out
 
@@ -61,6 +64,8 @@ class DataSummary:
         rows = [("read", self.read)]
         rows += [(f"  dropped: {reason}", n) for reason, n in self.dropped.items()]
         rows += [("kept", self.kept), ("truncated", self.truncated)]
+        if self.removed_answers:
+            rows += [("ranking answers removed (too long)", self.removed_answers)]
         width = max(len(label) for label, _ in rows)
         title = f"data summary: {self.source} ({self.kind}, format {self.format or '?'})"
         lines = [title] + [f"  {label:<{width}}  {n:>9,}" for label, n in rows]

@@ -43,6 +43,7 @@ TRUNCATION_POLICIES = ("left", "drop")
 LOSS_ON = ("all", "last")
 SPECIAL_TEXT_POLICIES = ("drop", "error", "keep")
 SPECIAL_TEXT = "special_token_in_content"
+TOO_LONG = "too_long"
 
 
 class ChatTemplateError(ValueError):
@@ -55,6 +56,7 @@ class EncodeStats:
 
     truncated: int = 0
     dropped: dict[str, int] = field(default_factory=dict)
+    removed_answers: int = 0  # ranking answers too long to fit, removed from a group that was kept
 
 
 class Encoded(NamedTuple):
@@ -222,7 +224,7 @@ def _truncate_group(parts, max_length: int, truncation: str, stats: EncodeStats 
     fits = truncation == "left" and all(cut < prompt_length for _, _, prompt_length in parts)
     if not fits:
         if stats is not None:
-            stats.dropped["too_long"] = stats.dropped.get("too_long", 0) + 1
+            stats.dropped[TOO_LONG] = stats.dropped.get(TOO_LONG, 0) + 1
         return None
     if stats is not None:
         stats.truncated += 1
@@ -340,9 +342,27 @@ def encode_pair(tokenizer, pair: PreferencePair, **kw) -> EncodedPair | None:
 
 
 def encode_ranking(tokenizer, ranking: Ranking, **kw) -> EncodedRanking | None:
-    """A K-way ranking: every completion shares the prompt tokens."""
-    out = encode_chat(tokenizer, ranking.prompt, list(ranking.completions), **kw)
-    return None if out is None else EncodedRanking(out, list(ranking.ranks))
+    """A K-way ranking: every completion shares the prompt tokens.
+
+    An answer that cannot fit ``max_length`` even with the prompt cut to one token is removed from its group
+    (counted in ``stats.removed_answers``), and the rest of the group is kept while it still orders two answers;
+    a group left with fewer than two distinct ranks is dropped as ``too_long``."""
+    stats = kw.pop("stats", None)
+    completions, ranks = list(ranking.completions), list(ranking.ranks)
+    scratch = EncodeStats()  # counted into ``stats`` once, for the group as finally encoded (or dropped)
+    out = encode_chat(tokenizer, ranking.prompt, completions, stats=scratch, **kw)
+    if out is None and scratch.dropped.get(TOO_LONG) and kw.get("truncation", "left") == "left":
+        kept = [i for i, c in enumerate(completions) if encode_chat(tokenizer, ranking.prompt, [c], **kw)]
+        if len({ranks[i] for i in kept}) >= 2:
+            completions, ranks = [completions[i] for i in kept], [ranks[i] for i in kept]
+            scratch = EncodeStats(removed_answers=len(ranking.completions) - len(kept))
+            out = encode_chat(tokenizer, ranking.prompt, completions, stats=scratch, **kw)
+    if stats is not None:
+        stats.truncated += scratch.truncated
+        stats.removed_answers = getattr(stats, "removed_answers", 0) + scratch.removed_answers
+        for reason, n in scratch.dropped.items():
+            stats.dropped[reason] = stats.dropped.get(reason, 0) + n
+    return None if out is None else EncodedRanking(out, ranks)
 
 
 def encode_prompt(tokenizer, example: PromptExample, **kw) -> EncodedPrompt | None:

@@ -19,7 +19,6 @@ The exported folder is the frozen reward artefact, read by :mod:`lrlhf.models.re
 from __future__ import annotations
 
 import hashlib
-
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
