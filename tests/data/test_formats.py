@@ -271,7 +271,7 @@ def test_a_ranking_with_some_ties_gives_its_strict_pairs_and_its_ties_as_ties(tm
     assert pairs == {(0, 1): 0.5, (0, 2): 1.0, (1, 2): 1.0}  # a and b tie, both beat c
 
 
-@pytest.mark.parametrize("ranks", [[1], [0, 1], [1, True], [1, 1.5]])
+@pytest.mark.parametrize("ranks", [[1], [-1, 1], [1, True], [1, 1.5]])  # 0-based ranks are read (#15)
 def test_ranking_rejects_bad_ranks(tmp_path, ranks):
     with pytest.raises(DataFormatError, match=r"data\.jsonl:1: .*'ranks'"):
         load(tmp_path, [{"prompt": "p", "completions": ["a", "b"], "ranks": ranks}], "ranking")
@@ -312,7 +312,8 @@ def test_override_reads_a_row_detection_would_give_another_format(tmp_path):
 
 def test_detection_order_per_kind():
     assert list(FORMATS["sft"]) == ["messages", "sharegpt", "alpaca", "self_instruct", "prompt_completion"]
-    assert list(FORMATS["preference"]) == ["sharegpt_pairwise", "hh_rlhf", "pairwise"]
+    assert list(FORMATS["preference"]) == ["sharegpt_pairwise", "hh_rlhf", "pairwise", "chosen_rejected_messages"]
+    assert list(FORMATS["kto"]) == ["kto_messages", "kto"]
 
 
 # --- bad input -----------------------------------------------------------------------------------------
@@ -370,7 +371,7 @@ def test_unknown_sharegpt_role_names_record_and_allowed_values(tmp_path):
         load(tmp_path, [row], "sft")
     assert str(error.value).startswith(
         f"{tmp_path / 'data.jsonl'}:1: conversations[1].from is 'robot'; "
-        "allowed values: human, user, gpt, assistant, system."
+        "allowed values: human, user, gpt, assistant, system, function_call, observation."
     )
 
 
@@ -393,7 +394,7 @@ def test_unknown_message_role_names_allowed_roles(tmp_path):
         (
             {"prompt": [user("q"), bot("a")], "chosen": "x", "rejected": "y"},
             "preference",
-            "prompt must end with a user turn, ends with assistant",
+            r"prompt must end with a user turn \(or a tool's answer\), ends with assistant",
         ),
         (
             {"prompt": "q", "chosen": [user("x")], "rejected": "y"},

@@ -23,7 +23,9 @@ class ErrorContext(Protocol):
 
 
 SHAREGPT_ROLES = {
-    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system"
+    "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "system": "system",
+    # LLaMA-Factory's tool use: the model's call is an assistant turn, the tool's answer a ``tool`` turn
+    "function_call": "assistant", "observation": "tool",
 }
 HH_MARKER = re.compile(r"\n\n(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}
@@ -37,20 +39,42 @@ class SkipRecord(Exception):
         self.reason = reason
 
 
+def content_text(content: Any, ctx: ErrorContext, where: str) -> str:
+    """A message's content as text: a string, or a list of typed parts (``{"type": "text", "value"|"text": ...}``,
+    LLaMA-Factory v1 and OpenAI style) whose text parts are joined; any other part type is refused."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise ctx.error(f"{where} must be a string or a list of {{type, value}} parts")
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            raise ctx.error(f"{where}[{j}].type is {kind!r}; only text parts are read (multimodal parts such as "
+                            "image_url are not supported)")
+        text = part.get("value", part.get("text"))
+        if not isinstance(text, str):
+            raise ctx.error(f"{where}[{j}] must hold its text as a string under 'value' (or 'text')")
+        texts.append(text)
+    return "".join(texts)
+
+
 def conversation(value: Any, ctx: ErrorContext, field: str, string_role: str) -> Conversation:
-    """A string (one ``string_role`` message) or a list of ``{role, content}`` dicts, as a conversation."""
+    """A string (one ``string_role`` message) or a list of ``{role, content}`` dicts, as a conversation; a content
+    may be a list of typed text parts (:func:`content_text`)."""
     if isinstance(value, str):
         return [{"role": string_role, "content": value}]
     if not isinstance(value, list):
         raise ctx.error(f"field {field!r} must be a string or a list of {{role, content}} messages")
     messages = []
     for i, message in enumerate(value):
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str | list):
             raise ctx.error(f"{field}[{i}] must be a {{role, content}} message with string content")
         if message.get("role") not in ROLES:
             allowed = ", ".join(ROLES)
             raise ctx.error(f"{field}[{i}].role is {message.get('role')!r}; allowed roles: {allowed}")
-        messages.append({"role": message["role"], "content": message["content"]})
+        messages.append({"role": message["role"], "content": content_text(message["content"], ctx,
+                                                                          f"{field}[{i}].content")})
     check_system_first(messages, ctx, field)
     return messages
 
@@ -84,9 +108,10 @@ def check_system_first(messages: Conversation, ctx: ErrorContext, field: str) ->
 
 
 def check_prompt(prompt: Conversation, ctx: ErrorContext, field: str) -> None:
-    if not prompt or prompt[-1]["role"] != "user":
+    if not prompt or prompt[-1]["role"] not in ("user", "tool"):
         last = prompt[-1]["role"] if prompt else "nothing"
-        raise ctx.error(f"role sequence invalid: {field} must end with a user turn, ends with {last}")
+        raise ctx.error(f"role sequence invalid: {field} must end with a user turn (or a tool's answer), ends with "
+                        f"{last}")
     check_system_first(prompt, ctx, field)
 
 

@@ -16,7 +16,8 @@ Kinds and formats (``FORMATS[kind]`` lists them in detection order):
   ``hh_rlhf`` ``{chosen: transcript, rejected: transcript}`` with ``\\n\\nHuman:`` / ``\\n\\nAssistant:``
   markers; ``pairwise`` ``{prompt?, chosen, rejected, tie?, target?}``. ``target`` is P(chosen wins) in
   [0, 1]; ``"tie": true`` means 0.5.
-- ``ranking``: ``{prompt, completions: [...], ranks: [int, ...]}``, rank 1 best, equal ranks are ties.
+- ``ranking``: ``{prompt, completions: [...], ranks: [int, ...]}``, lower is better (0- or 1-based: only the
+  order counts), equal ranks are ties.
 - ``prompt``: ``{"prompt": str | messages}``, or any SFT format, whose prompt is everything before the
   last assistant turn.
 
@@ -77,7 +78,7 @@ __all__ = ["FORMATS", "KINDS", "DataFormatError", "Format", "load_records", "rea
 logger = logging.getLogger(__name__)
 
 Record = SFTExample | PreferencePair | Ranking | PromptExample
-KINDS = ("sft", "preference", "ranking", "prompt")
+KINDS = ("sft", "preference", "ranking", "prompt", "kto")
 ALL_TIED = "all_ranks_tied"  # a ranking whose candidates all share one rank: it orders nothing
 
 
@@ -169,8 +170,25 @@ def _sft(messages: Conversation, row: dict[str, Any], ctx: _Ctx, field: str) -> 
 
 @_register("sft", "messages", ("messages",))
 def read_messages(row, ctx):
-    return _sft(conversation(ctx.get(row, "messages", list, "a list of messages"), ctx, "messages", "user"),
-                row, ctx, "messages")
+    if isinstance(row.get("label"), bool):  # KTO: as SFT its undesirable answers would be imitated
+        raise ctx.error("this is a KTO record (a boolean 'label' marks its answer desirable or not): read it as "
+                        "kind 'kto'; as SFT data its undesirable answers would become targets")
+    raw = ctx.get(row, "messages", list, "a list of messages")
+    messages = conversation(raw, ctx, "messages", "user")
+    weights = [m.get("loss_weight") if isinstance(m, dict) else None for m in raw]
+    if all(w is None for w in weights):
+        return _sft(messages, row, ctx, "messages")
+    # LLaMA-Factory v1: loss_weight marks the supervised turns; kept per message in meta["loss_weights"], which the
+    # encoder honours as the target mask (lrlhf.data.tokenize.encode_sft); turns after the last supervised one go
+    if not all(w is None or isinstance(w, int | float) and not isinstance(w, bool) and w >= 0 for w in weights):
+        raise ctx.error(f"loss_weight values {weights}: each must be a number >= 0 (0 = not a target)")
+    supervised = [i for i, (m, w) in enumerate(zip(messages, weights, strict=True))
+                  if m["role"] == "assistant" and w]
+    if not supervised:
+        raise ctx.error("no assistant turn has loss_weight > 0: nothing to imitate")
+    example = _sft(messages[:supervised[-1] + 1], row, ctx, "messages")
+    example.meta["loss_weights"] = [float(w or 0) for w in weights[:supervised[-1] + 1]]
+    return example
 
 
 @_register("sft", "sharegpt", ("conversations",), ("system",))
@@ -296,8 +314,9 @@ def read_ranking(row, ctx):
     ranks = ctx.get(row, "ranks", list, "a list of integers >= 1 (1 = best)")
     if len(raw) < 2 or len(ranks) != len(raw):
         raise ctx.error(f"'completions' ({len(raw)}) and 'ranks' ({len(ranks)}) need one length, at least 2")
-    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 1 for r in ranks):
-        raise ctx.error(f"field 'ranks' is {ranks!r}; allowed: integers >= 1, 1 = best, equal = tie")
+    if not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in ranks):
+        raise ctx.error(f"field 'ranks' is {ranks!r}; allowed: integers >= 0, lower = better (0- or 1-based), "
+                        "equal = tie")
     completions = []
     for i, completion in enumerate(raw):
         completion = strip_prompt(prompt, conversation(completion, ctx, f"completions[{i}]", "assistant"))
@@ -445,3 +464,7 @@ def load_records(
         print(summary)
     summary.raise_if_empty()
     return records, summary
+
+
+# the formats of lrlhf.data.formats_more register themselves on import (they use the registry above)
+from lrlhf.data import formats_more  # noqa: E402,F401

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")  # tool: a tool's answer to an assistant's call
 
 
 class Message(TypedDict):
@@ -56,6 +56,18 @@ class Ranking:
     prompt: Conversation
     completions: list[Conversation]
     ranks: list[int]
+    source: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class UnpairedExample:
+    """One answer to a prompt labelled desirable or not (KTO data): ``label`` True = desirable. Read as kind
+    ``kto``, for an unpaired loss; never SFT data (its undesirable answers are not to be imitated)."""
+
+    prompt: Conversation
+    completion: Conversation
+    label: bool
     source: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
 

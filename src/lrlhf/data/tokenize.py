@@ -110,7 +110,31 @@ def check_choice(name: str, value: str, allowed: Sequence[str]) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- rendering
+_TOOL_PROBE = "lrlhf-tool-probe-7f3a"
+
+
+def check_tool_role(tokenizer) -> None:
+    """Raise :class:`ChatTemplateError` unless the chat template writes a ``tool`` message's content (a template
+    without a tool role drops it or fails: the tool's answer would silently vanish from the training text)."""
+    cached = getattr(tokenizer, "_lrlhf_tool_role", None)
+    if cached is None:
+        probe = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "call"},
+                 {"role": "tool", "content": _TOOL_PROBE}]
+        try:
+            cached = _TOOL_PROBE in tokenizer.apply_chat_template(probe, tokenize=False)
+        except Exception:  # the template raises on an unknown role
+            cached = False
+        tokenizer._lrlhf_tool_role = cached
+    if not cached:
+        name = getattr(tokenizer, "name_or_path", type(tokenizer).__name__)
+        raise ChatTemplateError(f"the chat template of {name} has no tool role: a tool's answer (ShareGPT "
+                                "'observation', role 'tool') would be dropped from the text; use a model whose "
+                                "template supports tools, or leave such records out")
+
+
 def _render(tokenizer, messages: Conversation, add_generation_prompt: bool) -> str:
+    if any(m["role"] == "tool" for m in messages):
+        check_tool_role(tokenizer)
     text = tokenizer.apply_chat_template(
         list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
     )
@@ -164,8 +188,10 @@ def _assistant_spans(tokenizer, messages: Conversation, full_text: str, full_ids
 
 
 # ------------------------------------------------------------------------------------------------ encoding
-def _encode_untruncated(tokenizer, prompt: Conversation, completion: Conversation | None, loss_on: str):
-    """(ids, loss_mask, prompt_length) before truncation; see the module docstring for the EOS rule."""
+def _encode_untruncated(tokenizer, prompt: Conversation, completion: Conversation | None, loss_on: str,
+                        targets: Sequence[bool] | None = None):
+    """(ids, loss_mask, prompt_length) before truncation; see the module docstring for the EOS rule. ``targets``
+    (one flag per message of prompt + completion) overrides ``loss_on``: which assistant turns are targets."""
     eos = tokenizer.eos_token_id
     if eos is None:
         raise ChatTemplateError("the tokenizer has no eos_token_id; set tokenizer.eos_token")
@@ -190,7 +216,7 @@ def _encode_untruncated(tokenizer, prompt: Conversation, completion: Conversatio
     cursor = 0
     prompt_length = None
     for i, (start, end) in sorted(spans.items()):
-        is_target = not prompt_only and (i >= len(prompt) or loss_on == "all")
+        is_target = not prompt_only and (targets[i] if targets is not None else i >= len(prompt) or loss_on == "all")
         ids += full_ids[cursor:start]
         mask += [False] * (start - cursor)
         if prompt_length is None and start >= raw_prompt_length:
@@ -257,6 +283,7 @@ def encode_chat(
     loss_on: str = "last",
     stats: EncodeStats | None = None,
     special_text: str = "drop",
+    targets: Sequence[bool] | None = None,
 ) -> list[Encoded] | None:
     """Encode one prompt with each of its completions (one for SFT, two for a pair, K for a ranking).
 
@@ -291,7 +318,7 @@ def encode_chat(
             if stats is not None:
                 stats.dropped[SPECIAL_TEXT] = stats.dropped.get(SPECIAL_TEXT, 0) + 1
             return None
-    parts = [_encode_untruncated(tokenizer, prompt, completion, loss_on) for completion in completions]
+    parts = [_encode_untruncated(tokenizer, prompt, completion, loss_on, targets) for completion in completions]
     parts = _truncate_group(parts, max_length, truncation, stats)
     return None if parts is None else [_to_encoded(*part) for part in parts]
 
@@ -329,8 +356,15 @@ def split_last_turn(messages: Conversation) -> tuple[Conversation, Conversation]
 
 
 def encode_sft(tokenizer, example: SFTExample, **kw) -> Encoded | None:
-    """An SFT conversation; ``loss_on="all"`` trains on every assistant turn, ``"last"`` on the final one."""
+    """An SFT conversation; ``loss_on="all"`` trains on every assistant turn, ``"last"`` on the final one; a record
+    with per-message ``meta["loss_weights"]`` (LLaMA-Factory v1's ``loss_weight``) trains on exactly the assistant
+    turns whose weight is above 0, whatever ``loss_on`` says."""
     prompt, completion = split_last_turn(example.messages)
+    weights = example.meta.get("loss_weights")
+    if weights is not None:
+        if len(weights) != len(example.messages):
+            raise ValueError(f"meta loss_weights has {len(weights)} values for {len(example.messages)} messages")
+        kw["targets"] = [m["role"] == "assistant" and w > 0 for m, w in zip(example.messages, weights, strict=True)]
     out = encode_chat(tokenizer, prompt, [completion], **kw)
     return None if out is None else out[0]
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExample
+from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExample, UnpairedExample
 from lrlhf.utils.io import atomic_write_bytes
 
 
@@ -37,6 +37,8 @@ def to_json(record: SFTExample | PreferencePair | Ranking | PromptExample) -> di
         body = {"prompt": record.prompt, "completions": record.completions, "ranks": record.ranks}
     elif isinstance(record, PromptExample):
         body = {"prompt": record.prompt}
+    elif isinstance(record, UnpairedExample):
+        body = {"prompt": record.prompt, "completion": record.completion, "label": record.label}
     else:
         raise TypeError(f"cannot write {type(record).__name__}; expected SFTExample, PreferencePair, "
                         "Ranking or PromptExample")

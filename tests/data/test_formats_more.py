@@ -1,0 +1,135 @@
+"""The formats users have (#15 item 3): LLaMA-Factory v1 typed parts with loss_weight, chosen_messages /
+rejected_messages, KTO (never SFT by accident), tool-call roles, 0-based ranks, HH pairs as prompts. Each is read
+into a normalised record checked against its source, or refused naming file, line and field."""
+
+import json
+
+import pytest
+
+from lrlhf.data.errors import DataFormatError
+from lrlhf.data.formats import load_records
+from lrlhf.data.records import PreferencePair, PromptExample, Ranking, UnpairedExample
+from lrlhf.data.tokenize import ChatTemplateError, encode_ranking, encode_sft
+
+from .conftest import make_tokenizer
+
+
+def _file(tmp_path, name, rows):
+    path = tmp_path / name
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _text(value):
+    return [{"type": "text", "value": value}]
+
+
+V1_SFT = {"messages": [
+    {"role": "user", "content": _text("hi"), "loss_weight": 0.0},
+    {"role": "assistant", "content": [{"type": "text", "value": "hello"}, {"type": "text", "text": " a"}],
+     "loss_weight": 1.0},
+    {"role": "user", "content": _text("how"), "loss_weight": 0.0},
+    {"role": "assistant", "content": _text("b"), "loss_weight": 0.0},
+    {"role": "user", "content": _text("what"), "loss_weight": 0.0},
+    {"role": "assistant", "content": _text("fine"), "loss_weight": 1.0},
+    {"role": "user", "content": _text("bye"), "loss_weight": 0.0},
+    {"role": "assistant", "content": _text("ok"), "loss_weight": 0.0}]}
+
+
+def test_typed_parts_are_joined_and_loss_weight_is_the_target_mask(tmp_path, chatml):
+    (record,), summary = load_records(_file(tmp_path, "v1_sft_demo.jsonl", [V1_SFT]), "sft", verbose=False)
+    assert summary.format == "messages"
+    # the turns after the last supervised one are cut; the parts of one content are joined
+    assert record.messages == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello a"},
+                               {"role": "user", "content": "how"}, {"role": "assistant", "content": "b"},
+                               {"role": "user", "content": "what"}, {"role": "assistant", "content": "fine"}]
+    assert record.meta == {"loss_weights": [0.0, 1.0, 0.0, 0.0, 0.0, 1.0]}
+    for loss_on in ("last", "all"):  # loss_weight decides, whatever loss_on says
+        encoded = encode_sft(chatml, record, max_length=64, loss_on=loss_on)
+        targets = [t for t, m in zip(chatml.convert_ids_to_tokens(encoded.input_ids.tolist()),
+                                     encoded.loss_mask.tolist(), strict=True) if m]
+        assert targets == ["hello", "a", "<|im_end|>", "fine", "<|im_end|>"], loss_on
+
+
+def test_v1_records_that_cannot_be_read_are_named(tmp_path):
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "value": "x.png"}]},
+                          {"role": "assistant", "content": _text("a")}]}
+    with pytest.raises(DataFormatError, match=r"v1\.jsonl:1: messages\[0\]\.content\[0\]\.type is 'image_url'; "
+                                              r"only text parts are read"):
+        load_records(_file(tmp_path, "v1.jsonl", [image]), "sft", verbose=False)
+    unsupervised = {"messages": [{"role": "user", "content": "hi", "loss_weight": 0},
+                                 {"role": "assistant", "content": "a", "loss_weight": 0}]}
+    with pytest.raises(DataFormatError, match=r"v1\.jsonl:2: no assistant turn has loss_weight > 0"):
+        load_records(_file(tmp_path, "v1.jsonl", [V1_SFT, unsupervised]), "sft", verbose=False)
+
+
+def test_chosen_and_rejected_messages_are_a_pair_and_its_prompt(tmp_path):
+    row = {"chosen_messages": [{"role": "user", "content": _text("hi"), "loss_weight": 0.0},
+                               {"role": "assistant", "content": _text("hello"), "loss_weight": 1.0}],
+           "rejected_messages": [{"role": "user", "content": _text("hi"), "loss_weight": 0.0},
+                                 {"role": "assistant", "content": _text("bye"), "loss_weight": 1.0}]}
+    path = _file(tmp_path, "v1_dpo_demo.jsonl", [row])
+    (pair,), summary = load_records(path, "preference", verbose=False)
+    assert summary.format == "chosen_rejected_messages"
+    assert pair == PreferencePair([{"role": "user", "content": "hi"}], [{"role": "assistant", "content": "hello"}],
+                                  [{"role": "assistant", "content": "bye"}], 1.0, "v1_dpo_demo.jsonl", {})
+    (prompt,), _ = load_records(path, "prompt", verbose=False)
+    assert prompt == PromptExample([{"role": "user", "content": "hi"}], "v1_dpo_demo.jsonl", {})
+
+
+def test_hh_pairs_serve_as_rl_prompts(tmp_path):
+    row = {"chosen": "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how\n\nAssistant: fine",
+           "rejected": "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: how\n\nAssistant: bye"}
+    (prompt,), summary = load_records(_file(tmp_path, "hh.jsonl", [row]), "prompt", verbose=False)
+    assert summary.format == "hh_rlhf"
+    assert prompt.prompt == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                             {"role": "user", "content": "how"}]
+
+
+def test_kto_is_its_own_kind_and_never_sft_data(tmp_path):
+    rows = [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "bye"}],
+             "label": False}]
+    path = _file(tmp_path, "kto_en_demo.jsonl", rows)
+    (record,), summary = load_records(path, "kto", verbose=False)
+    assert summary.format == "kto_messages"
+    assert record == UnpairedExample([{"role": "user", "content": "hi"}], [{"role": "assistant", "content": "bye"}],
+                                     False, "kto_en_demo.jsonl", {})
+    with pytest.raises(DataFormatError, match=r"kto_en_demo\.jsonl:1: this is a KTO record .*read it as kind 'kto'"):
+        load_records(path, "sft", verbose=False)  # before: read as SFT, the undesirable answer a target
+    trl = _file(tmp_path, "kto_trl.jsonl", [{"prompt": "hi", "completion": "ok", "label": True}])
+    (record,), summary = load_records(trl, "kto", verbose=False)
+    assert summary.format == "kto" and record.label is True and record.completion[0]["content"] == "ok"
+    with pytest.raises(DataFormatError, match=r"kto_bad\.jsonl:1: field 'label' must be true \(desirable\)"):
+        load_records(_file(tmp_path, "kto_bad.jsonl", [{"prompt": "hi", "completion": "ok", "label": 1}]), "kto",
+                     verbose=False)
+
+
+TOOLS_ROW = {"conversations": [{"from": "human", "value": "what is two plus three"},
+                               {"from": "function_call", "value": '{"name": "add", "arguments": {"a": 2, "b": 3}}'},
+                               {"from": "observation", "value": "five"},
+                               {"from": "gpt", "value": "five"}],
+             "tools": '[{"name": "add"}]'}
+
+
+def test_tool_calls_map_to_the_templates_tool_role_or_are_refused(tmp_path, chatml):
+    (record,), _ = load_records(_file(tmp_path, "glaive_toolcall.jsonl", [TOOLS_ROW]), "sft", verbose=False)
+    assert [m["role"] for m in record.messages] == ["user", "assistant", "tool", "assistant"]
+    assert record.messages[2]["content"] == "five" and record.meta == {"tools": '[{"name": "add"}]'}
+    encoded = encode_sft(chatml, record, max_length=64)  # ChatML writes any role
+    assert encoded is not None
+    no_tool = make_tokenizer(
+        "{% for m in messages %}{% if m['role'] == 'user' %}User : {{ m['content'] }}\n{% elif m['role'] == "
+        "'assistant' %}Assistant : {{ m['content'] }}\n{% endif %}{% endfor %}", eos="</s>")
+    with pytest.raises(ChatTemplateError, match="has no tool role: a tool's answer"):
+        encode_sft(no_tool, record, max_length=64)
+
+
+def test_zero_based_ranks_order_like_one_based_ones(tmp_path, chatml):
+    rows = [{"prompt": "hi", "completions": ["a", "b", "c"], "ranks": [1, 0, 2]}]
+    (ranking,), _ = load_records(_file(tmp_path, "ranks.jsonl", rows), "ranking", verbose=False)
+    assert ranking == Ranking([{"role": "user", "content": "hi"}], [[{"role": "assistant", "content": t}]
+                                                                    for t in "abc"], [1, 0, 2], "ranks.jsonl", {})
+    assert encode_ranking(chatml, ranking, max_length=32).ranks == [1, 0, 2]
+    with pytest.raises(DataFormatError, match=r"ranks\.jsonl:1: field 'ranks' is \[1, -1\]; allowed: integers >= 0"):
+        load_records(_file(tmp_path, "ranks.jsonl", [{"prompt": "hi", "completions": ["a", "b"], "ranks": [1, -1]}]),
+                     "ranking", verbose=False)
