@@ -75,7 +75,7 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
         return dep
 
     todo = planning.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
-    needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"],
+    needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"], "judge_rm": [],
              "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"]}.get(recipe, ["sft", "rm"])
     assert [t[0] for t in todo] == needs
     assert not (tmp_path / "worlds").exists()

@@ -194,7 +194,8 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
         ev = cfg.eval
         summary.update(compare_with_sft(whole.model, load_causal_lm(_model_config(cfg)), whole.tokenizer,
                                         ev.prompts, whole.policy_name, n_samples=ev.n_samples, seed=cfg.seed,
-                                        temperature=ev.temperature, max_new_tokens=ev.max_new_tokens))
+                                        temperature=ev.temperature, max_new_tokens=ev.max_new_tokens,
+                                        judge=ev.get("judge") or "toy_gold", max_prompts=ev.get("max_prompts")))
     return summary
 
 
@@ -208,7 +209,7 @@ def run(cfg: DictConfig) -> dict:
     from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
-    from lrlhf.data.toy import WorldSizes, build_world
+    from lrlhf.data.worlds import world_of
     from lrlhf.utils.distributed import barrier, is_global_zero, wait_for_file
     from lrlhf.utils.io import atomic_save_folder, swap_folder_in
 
@@ -235,9 +236,9 @@ def run(cfg: DictConfig) -> dict:
     number = iter(range(1, steps + 1))
     if not (world / "world.json").is_file():
         if zero:
-            print(f"[{next(number)}/{steps}] building the toy world in {world}")
-            sizes = WorldSizes(**OmegaConf.to_container(cfg.world.sizes, resolve=True))
-            atomic_save_folder(world, lambda tmp: build_world(tmp, seed=cfg.world.seed, sizes=sizes))
+            built = world_of(cfg.world)
+            print(f"[{next(number)}/{steps}] building {built.describe()} in {world}")
+            atomic_save_folder(world, built.build)
         else:  # torchrun / srun start every rank at once; no process group exists yet to wait on
             wait_for_file(world / "world.json")
     if zero:  # every data file is read once before any stage is built (a bad one must not cost a build first)

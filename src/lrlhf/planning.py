@@ -26,13 +26,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from lrlhf.utils.io import recover_folder
 
 #: Override keys that dependency stages inherit from the main run.
-SHARED_KEYS = ("world", "model", "paths", "seed", "threads", "stage_overrides")
+SHARED_KEYS = ("world", "model", "hparams", "paths", "seed", "threads", "stage_overrides")
 #: Overrides of where and how a stage runs, which dependency stages inherit too: every process of a launch
 #: (``trainer.devices=N``, torchrun, srun) trains every stage, so they all run on the same devices and strategy.
 LAUNCH_KEYS = ("trainer", "strategy", "trainer.accelerator", "trainer.devices", "trainer.num_nodes",
                "trainer.precision", "trainer.strategy")
 #: Keys that do not change what a stage computes (left out of its cache key and of the resume check).
-UNHASHED_KEYS = ("paths", "logger", "ckpt_path", "cache", "eval", "stage_overrides")
+UNHASHED_KEYS = ("paths", "hparams", "logger", "ckpt_path", "cache", "eval", "stage_overrides")
 #: Run-config keys a resume may change (how long to train, the callbacks' settings, threads): every other key of
 #: the resolved config (less UNHASHED_KEYS) must be the checkpoint's, or the resume is refused.
 RESUMABLE_CHANGES = ("config.trainer.max_steps", "config.trainer.max_epochs", "config.trainer.limit_train_batches",
@@ -42,9 +42,33 @@ OWNER_FILE = ".owner"
 
 
 def world_dir(cfg: DictConfig) -> Path:
-    sizes = OmegaConf.to_container(cfg.world.sizes, resolve=True)
-    key = hashlib.sha256(json.dumps(sizes, sort_keys=True).encode()).hexdigest()[:10]
-    return Path(cfg.paths.cache_dir).expanduser() / "worlds" / f"seed{cfg.world.seed}-{key}"
+    """Where ``cfg.world`` is built: ``<paths.cache_dir>/worlds/<its key>`` (:mod:`lrlhf.data.worlds`)."""
+    from lrlhf.data.worlds import world_of
+
+    return Path(cfg.paths.cache_dir).expanduser() / "worlds" / world_of(cfg.world).key()
+
+
+def check_world(cfg: DictConfig) -> None:
+    """The world's files exist, and nothing asks a world without gold for the toy world's model or gold utility
+    (both would be silently wrong: a toy model on real data, toy "gold" for a real policy)."""
+    from lrlhf.data.worlds import world_of
+
+    world = world_of(cfg.world)
+    world.check()
+    name = cfg.world.get("name", "?")
+    model = cfg.get("model")
+    if not world.has_model and model is not None and str(model.get("name_or_path")) == f"{cfg.world.dir}/model":
+        raise ValueError(f"model=toy is the toy world's tiny model, and world={name} has none: name a model, "
+                         "e.g. model=smollm2 or model=hf model.name_or_path=<hub id or folder>")
+    if world.has_gold:
+        return
+    judges = [("eval.judge", (cfg.get("eval") or {}).get("judge"))]
+    judges += [(f"callbacks.{key}.utility", node.get("utility")) for key, node in (cfg.get("callbacks") or {}).items()
+               if isinstance(node, DictConfig) and "utility" in node]
+    for key, value in judges:
+        if value == "toy_gold":
+            raise ValueError(f"{key}=toy_gold: world={name} has no gold utility (only the toy world does); use its "
+                             f"held-out judge (the default, world.judge) or another judge (lrlhf.eval.judges)")
 
 
 def _shared_overrides(overrides: list[str]) -> list[str]:
@@ -76,7 +100,9 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
     with open_dict(cfg):
         cfg.world.dir = str(world_dir(cfg))
     todo = []
-    for name, recipe in cfg.needs.items():
+    for name, recipe in (cfg.needs or {}).items():
+        if recipe is None:  # e.g. judge: ${world.judge_recipe} on a world with gold
+            continue
         extra = list(cfg.stage_overrides.get(name) or [])
         dep = compose(recipe, _shared_overrides(overrides) + extra)
         todo += [t for t in plan(dep, overrides, compose, inside, recover) if all(t[2] != u[2] for u in todo)]
@@ -93,6 +119,7 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
             recover_folder(out_dir)  # a stage whose swap into the cache was interrupted
         if not _stage_done(out_dir) and all(t[2] != out_dir for t in todo):
             todo.append((recipe, dep, out_dir))
+    check_world(cfg)
     validate(cfg)
     return todo
 

@@ -426,3 +426,51 @@ def test_export_reloads_with_plain_transformers_and_peft(world, tokenizer, tmp_p
     assert set(module.model.peft_config) == {"policy", "value"}
     torch.testing.assert_close(merged, live, atol=1e-5, rtol=1e-5)  # merged weights round differently
     assert torch.equal(adapter, live)
+
+
+# ------------------------------------------------------------------------------------------- calibration
+def test_calibration_measured_on_reference_samples_is_the_one_ppo_uses(world, tokenizer, tmp_path):
+    """#15 item 4: the reward scale is measured on the starting policy's own samples for the RL prompts, without
+    moving the run's RNG; PPO then normalises by it, and a checkpoint keeps it."""
+    from lrlhf.models.reward import RewardCalibration
+    from lrlhf.modules.calibration import ReferenceSamples
+
+    measured = _module(world, tokenizer)
+    measured.calibration = measured.calibration_spec = ReferenceSamples(n_prompts=8, seed=3)
+    torch.manual_seed(0)
+    _fit(measured, world, tokenizer, 2, tmp_path / "a")
+    calibration = measured.calibration
+    assert isinstance(calibration, RewardCalibration) and calibration.count == 8 and calibration.std > 0
+
+    # by hand: the same 8 prompts, one sample each from the starting policy with seed 3, scored raw
+    fresh = _module(world, tokenizer)
+    data = _data(world, tokenizer)
+    data.setup("fit")
+    batch = data.collate(data.datasets["train"][:8])
+    torch.manual_seed(3)
+    response_ids = fresh.sample(batch["input_ids"], batch["attention_mask"]).response_ids
+    from lrlhf.functional.masks import response_masks
+
+    masks = response_masks(response_ids, fresh.eos_token_ids, fresh.pad_token_id)
+    scores = fresh.score(batch["input_ids"], batch["attention_mask"], response_ids, masks).double()
+    assert calibration.mean == pytest.approx(scores.mean().item(), abs=1e-6)
+    assert calibration.std == pytest.approx(scores.std().item(), abs=1e-6)
+
+    # the same run given that calibration as a fixed one trains bitwise alike: measuring took no RNG
+    fixed = _module(world, tokenizer)
+    fixed.calibration = calibration
+    torch.manual_seed(0)
+    _fit(fixed, world, tokenizer, 2, tmp_path / "b")
+    after_fixed, after_measured = _snapshot(fixed), _snapshot(measured)
+    assert all(torch.equal(after_fixed[n], after_measured[n]) for n in after_fixed)
+
+    checkpoint = {}
+    measured.on_save_checkpoint(checkpoint)
+    restored = _module(world, tokenizer)
+    restored.calibration = restored.calibration_spec = ReferenceSamples(n_prompts=8, seed=3)
+    from lrlhf.callbacks import ResumableCheckpoint
+
+    callback = ResumableCheckpoint(dirpath=tmp_path / "c")
+    assert callback._config(restored) == callback._config(measured)  # a resume compares the settings, not values
+    restored.on_load_checkpoint(checkpoint)
+    assert restored.calibration == calibration

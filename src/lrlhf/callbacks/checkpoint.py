@@ -368,8 +368,10 @@ class ResumableCheckpoint(ModelCheckpoint):
     def _config(self, pl_module: pl.LightningModule) -> dict:
         """The module's hyperparameters, its frozen reward calibration (not a hyperparameter of PPOModule) and
         the run config."""
-        return {"hparams": _plain(dict(pl_module.hparams)), "config": self.config,
-                "calibration": _plain(getattr(pl_module, "calibration", None))}
+        spec = getattr(pl_module, "calibration_spec", None)  # one measured in the run: compared by its settings
+        calibration = {"measured_by": type(spec).__name__, **_plain(spec)} if spec is not None else _plain(
+            getattr(pl_module, "calibration", None))
+        return {"hparams": _plain(dict(pl_module.hparams)), "config": self.config, "calibration": calibration}
 
     @staticmethod
     def _sources(pl_module: pl.LightningModule) -> dict[str, str | None]:

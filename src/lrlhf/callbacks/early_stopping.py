@@ -67,6 +67,7 @@ class HeldOutUtilityEarlyStopping(Callback):
         save_best: write ``best.ckpt`` on each improvement.
         plot: write the Goodhart plot (needs matplotlib).
         max_prompt_length: prompts are cut (from the left) to this many tokens.
+        max_prompts: the first N prompts only (each evaluation costs a sampling pass over them); None = all.
     """
 
     def __init__(
@@ -83,12 +84,14 @@ class HeldOutUtilityEarlyStopping(Callback):
         save_best: bool = True,
         plot: bool = True,
         max_prompt_length: int = 1024,
+        max_prompts: int | None = None,
     ):
         checks = [("every_n_rollouts", every_n_rollouts >= 1, "must be >= 1"),
                   ("patience", patience is None or patience >= 1, "must be >= 1 or None"),
                   ("min_delta", min_delta >= 0, "must be >= 0"),
                   ("n_samples", n_samples >= 1, "must be >= 1"),
-                  ("batch_size", batch_size >= 1, "must be >= 1")]
+                  ("batch_size", batch_size >= 1, "must be >= 1"),
+                  ("max_prompts", max_prompts is None or max_prompts >= 1, "must be >= 1 or None")]
         for key, ok, rule in checks:
             if not ok:
                 raise ValueError(f"callbacks.early_stopping.{key} {rule}, got {locals()[key]!r}")
@@ -96,7 +99,7 @@ class HeldOutUtilityEarlyStopping(Callback):
             from lrlhf.data.formats import load_records
 
             prompts, _ = load_records(str(prompts), "prompt", verbose=False)
-        self.prompts = [as_prompt(p) for p in prompts]
+        self.prompts = [as_prompt(p) for p in prompts][:max_prompts]
         if not self.prompts:
             raise ValueError("callbacks.early_stopping.prompts is empty")
         self.utility = resolve_judge(utility, key="callbacks.early_stopping.utility")

@@ -152,7 +152,8 @@ class ModuleHooks:
         self.module = module
         self.tokenizer, self.pad_token_id = module.tokenizer, module.pad_token_id
         self.eos_token_ids, self.device = module.eos_token_ids, module.device
-        self.calibration = getattr(module, "calibration", None)
+        measure = getattr(module, "reward_calibration", None)  # PPOModule: measured at its first use
+        self.calibration = measure() if measure is not None else getattr(module, "calibration", None)
 
     def generate(self, q: Tensor, qm: Tensor) -> Tensor:
         return self.module.generate(q, qm)  # PPOModule.generate: the response ids of its one sampling hook

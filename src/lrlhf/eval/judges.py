@@ -54,15 +54,19 @@ def judge_pairs(prompts: Sequence[PromptExample], a: Sequence[str], b: Sequence[
 def reward_model_judge(folder: str, max_length: int = 1024) -> Judge:
     """A held-out reward model (the folder of :meth:`RewardModule.export`) as a pointwise judge: its raw score
     of the (prompt, response) rendered with the chat template. Use one trained on other data than the proxy."""
+    import torch
+
     from lrlhf.eval.best_of_n import reward_model_scorer
     from lrlhf.models import ModelConfig, load_tokenizer
     from lrlhf.models.reward import load_reward_model
 
-    scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(folder)), max_length)
+    with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG (nor its rollouts)
+        scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(folder)), max_length)
 
     def judge(prompt: PromptExample, response: str) -> float:
         return scorer([prompt], [response])[0]
 
+    judge.score_batch = scorer  # batched: (prompt_records, response_texts) -> scores
     judge.__name__ = f"rm:{folder}"
     return judge
 

@@ -83,19 +83,39 @@ def bootstrap_interval(values: Sequence[float], n_resamples: int = 2000, seed: i
 
 
 def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[PromptExample], name: str, *,
-                     n_samples: int, temperature: float, max_new_tokens: int, seed: int) -> dict:
-    """Held-out gold utility of ``sft_model`` and of ``model`` (reported as ``name``) on the same prompts and seed,
-    with the paired difference: ``gold/sft``, ``gold/<name>``, ``gold/<name>_minus_sft`` and their 95% bootstrap
-    intervals (``_interval``). ``prompts``: records or a file read as prompts."""
+                     n_samples: int, temperature: float, max_new_tokens: int, seed: int, judge="toy_gold",
+                     max_prompts: int | None = None) -> dict:
+    """``judge``'s mean score of ``sft_model``'s and of ``model``'s (reported as ``name``) responses to the same
+    prompts with the same seed, the paired difference and ``model``'s win rate against SFT (sample i of a prompt
+    against sample i; a tie counts half), each with its 95% prompt-bootstrap interval (``_interval``).
+
+    ``judge``: ``toy_gold`` (keys ``gold/...``: the toy world's gold utility), or any judge of
+    :func:`lrlhf.eval.judges.resolve_judge` (keys ``judge/...``: a world without gold reports no "gold").
+    ``prompts``: records or a file read as prompts; ``max_prompts``: the first N only (None: all)."""
+    from lrlhf.eval.judges import judge_pairs, resolve_judge
+
+    label = "gold" if judge == "toy_gold" else "judge"
+    judge = resolve_judge(judge, key="eval.judge")
     if isinstance(prompts, str):
         from lrlhf.data.formats import load_records
 
         prompts, _ = load_records(prompts, "prompt", verbose=False)
-    sampling = dict(n_samples=n_samples, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed)
-    sft = sample_gold_utility(sft_model, tokenizer, prompts, **sampling)
-    trained = sample_gold_utility(model, tokenizer, prompts, **sampling)
-    diff = [b - a for a, b in zip(sft.per_prompt, trained.per_prompt, strict=True)]
-    return {"gold/sft": sft.mean, "gold/sft_interval": bootstrap_interval(sft.per_prompt),
-            f"gold/{name}": trained.mean, f"gold/{name}_interval": bootstrap_interval(trained.per_prompt),
-            f"gold/{name}_minus_sft": sum(diff) / len(diff),
-            f"gold/{name}_minus_sft_interval": bootstrap_interval(diff)}
+    prompts = list(prompts)[:max_prompts]
+    repeated = [p for p in prompts for _ in range(n_samples)]  # the n samples of a prompt are adjacent
+    sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    sft_texts = generate_responses(sft_model, tokenizer, repeated, sampling, batch_size=64)
+    texts = generate_responses(model, tokenizer, repeated, sampling, batch_size=64)
+    u_sft, u_model, _ = judge_pairs(repeated, sft_texts, texts, judge, seed=seed)
+
+    def per_prompt(values: Sequence[float]) -> list[float]:
+        return [sum(values[i:i + n_samples]) / n_samples for i in range(0, len(values), n_samples)]
+
+    sft, trained = per_prompt(u_sft), per_prompt(u_model)
+    diff = [b - a for a, b in zip(sft, trained, strict=True)]
+    wins = per_prompt([1.0 if b > a else 0.5 if b == a else 0.0 for a, b in zip(u_sft, u_model, strict=True)])
+    return {f"{label}/sft": sum(sft) / len(sft), f"{label}/sft_interval": bootstrap_interval(sft),
+            f"{label}/{name}": sum(trained) / len(trained), f"{label}/{name}_interval": bootstrap_interval(trained),
+            f"{label}/{name}_minus_sft": sum(diff) / len(diff),
+            f"{label}/{name}_minus_sft_interval": bootstrap_interval(diff),
+            f"{label}/{name}_win_rate": sum(wins) / len(wins),
+            f"{label}/{name}_win_rate_interval": bootstrap_interval(wins)}

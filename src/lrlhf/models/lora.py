@@ -46,10 +46,17 @@ class LoraSpec:
     """Module names to adapt; None resolves them per architecture (:data:`LORA_TARGET_MODULES`)."""
     rslora: bool = False
     """Rank-stabilised scaling."""
+    layers: int | list[int] | None = None
+    """Which decoder layers get the adapter: None = all; ``n`` = the last ``n`` (backward then runs through those
+    alone: on a CPU, LoRA on the last 8 of SmolLM2's 30 layers trains about twice as fast); a list = those
+    indices."""
 
     def __post_init__(self):
         if self.r <= 0:
             raise ValueError(f"lora.r must be > 0, got {self.r}")
+        if isinstance(self.layers, int) and self.layers <= 0 or isinstance(self.layers, list) and (
+                not self.layers or any(not isinstance(i, int) or i < 0 for i in self.layers)):
+            raise ValueError(f"lora.layers must be null, a count > 0 or a list of layer indices, got {self.layers}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
 
@@ -63,7 +70,17 @@ class LoraSpec:
             target_modules=self.target_modules or lora_target_modules(model),
             use_rslora=self.rslora,
             bias="none",
+            layers_to_transform=self._layers(model),
         )
+
+    def _layers(self, model) -> list[int] | None:
+        if self.layers is None:
+            return None
+        n = model.config.num_hidden_layers
+        layers = list(range(max(0, n - self.layers), n)) if isinstance(self.layers, int) else list(self.layers)
+        if any(i >= n for i in layers):
+            raise ValueError(f"lora.layers={self.layers}: the model has {n} layers (0 to {n - 1})")
+        return layers
 
 
 def add_adapters(model, adapters: dict[str, LoraSpec]):

@@ -68,6 +68,7 @@ from lrlhf.modules.samples import log_table, sample_table
 from lrlhf.modules.stage import StageOutputs
 from lrlhf.strategies import full_params_for_generation
 from lrlhf.utils.distributed import any_across_ranks, forward_is_collective, global_weighted_mean, seed_rank_stream
+from lrlhf.utils.errors import InvariantError
 
 
 class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
@@ -78,7 +79,8 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         reward_model: a frozen :class:`ScalarModel`, the folder of :meth:`RewardModule.export`, or a
             :class:`RewardAdapter` (the RM's LoRA adapter on the policy's base); it scores the policy's token ids.
         tokenizer: loaded from the ``ModelConfig`` when None. config: :class:`PPOConfig` or a dict of its fields.
-        calibration: frozen ``(r - mean) / std`` of the RM scores, or a path to it; None = raw scores.
+        calibration: frozen ``(r - mean) / std`` of the RM scores, or a path to it, or a
+            :class:`~lrlhf.modules.calibration.ReferenceSamples` measured before the first update; None = raw scores.
         advantage: an :class:`~lrlhf.modules.advantages.AdvantageEstimator`; None = ``GAE()``.
         critic: a :class:`~lrlhf.modules.critic.Critic`; None = a ``ValueAdapter()`` if the estimator needs one.
         kl_controller: a :class:`~lrlhf.functional.KLController`; None = ``FixedKLController()`` (beta 0.05).
@@ -113,6 +115,7 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         self.reward_model: ScalarModel | None = reward_model if isinstance(reward_model, nn.Module) else None
         self._reward_source = None if self.reward_model is not None else reward_model
         self.calibration = load_calibration(calibration) if isinstance(calibration, (str, Path)) else calibration
+        self.calibration_spec = calibration if hasattr(calibration, "measure") else None  # measured in the run
         self.critic = critic if critic is not None or not self.advantage.needs_critic else ValueAdapter()
         self.kl_controller = kl_controller if kl_controller is not None else FixedKLController()
         if tokenizer is None and self.model_config is not None:
@@ -245,7 +248,8 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
                         masks: ResponseMasks) -> tuple[Tensor, ShapedRewards]:
         """``(calibrated scores, shaped rewards)``: the frozen calibration, then :func:`shape_rewards`
         (missing-EOS penalty, clip, ``-beta * KL`` per action, the score once at the terminal index)."""
-        scores = self.calibration.normalise(raw_scores) if self.calibration is not None else raw_scores
+        calibration = self.reward_calibration()
+        scores = calibration.normalise(raw_scores) if calibration is not None else raw_scores
         cfg = self.config
         shaped = shape_rewards(
             scores, logprobs, ref_logprobs, masks.action_mask, masks.terminal_index, self.kl_controller.value,
@@ -253,6 +257,18 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
             score_clip=cfg.score_clip,
         )
         return scores, shaped
+
+    def reward_calibration(self) -> RewardCalibration | None:
+        """The frozen calibration; one to measure (:class:`~lrlhf.modules.calibration.ReferenceSamples`) is measured
+        at its first use, before any update (a resumed run restores the measured one from its checkpoint)."""
+        if hasattr(self.calibration, "measure"):
+            if self.rollouts_done:
+                raise InvariantError("module.calibration: a resumed run has no measured calibration in its checkpoint")
+            self.calibration = self.calibration.measure(self, self.trainer.datamodule)
+            if self.trainer.is_global_zero:
+                c = self.calibration
+                print(f"reward calibration on {c.reference}: mean {c.mean:.4f}, std {c.std:.4f}", flush=True)
+        return self.calibration
 
     def compute_advantages(self, rewards: Tensor, values: Tensor, action_mask: Tensor) -> tuple[Tensor, Tensor]:
         """``(advantages, returns)``, ``(B, R)`` each: the estimator (``module.advantage``)."""
@@ -412,7 +428,9 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
     def stage_summary(self, trainer, out_dir: Path) -> dict:
         """The rollouts done, the final beta and the last rollout's KL and score (a run resumed at its end trains
         nothing: the checkpoint restores what was last logged, ResumableCheckpoint.on_fit_start)."""
-        return {"rollouts": self.rollouts_done, "kl/beta": self.kl_controller.value,
+        calibration = {"calibration": asdict(self.calibration)} if isinstance(self.calibration, RewardCalibration) \
+            else {}
+        return {"rollouts": self.rollouts_done, "kl/beta": self.kl_controller.value, **calibration,
                 **super().stage_summary(trainer, out_dir)}
 
     def export_stage(self, folder: Path) -> dict[str, Path | None]:
@@ -433,11 +451,15 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         """The KL controller's state (beta) is saved here, once; its settings are the config's."""
         checkpoint["kl_controller"] = self.kl_controller.state_dict()
         checkpoint["rollouts_done"] = self.rollouts_done
+        if isinstance(self.calibration, RewardCalibration):
+            checkpoint["calibration"] = asdict(self.calibration)
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "kl_controller" in checkpoint:
             self.kl_controller.load_state_dict(checkpoint["kl_controller"])
         self.rollouts_done = checkpoint.get("rollouts_done", 0)
+        if "calibration" in checkpoint:
+            self.calibration = RewardCalibration(**checkpoint["calibration"])
 
 
 __all__ = ["MOVED_KEYS", "PPOConfig", "PPOModule", "RewardAdapter", "Rollout", "Sampled", "check_finite"]

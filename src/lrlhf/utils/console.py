@@ -177,20 +177,22 @@ def print_summary(summary: dict) -> None:
         print(f"table: {summary['table']} (and {summary['csv']}); plots: {', '.join(summary['plots'].values())}")
         print(f"run folder: {summary['run_dir']}")
         return
-    for name in [k[len("gold/"):-len("_minus_sft")] for k in summary if k.endswith("_minus_sft")]:
-        if f"gold/{name}" in summary:  # a policy compared with SFT (the module's policy_name)
-            lo, hi = summary[f"gold/{name}_minus_sft_interval"]
-            label = name.upper()
-            print(f"held-out gold utility: SFT {summary['gold/sft']:.3f}, {label} {summary[f'gold/{name}']:.3f}; "
-                  f"{label} - SFT {summary[f'gold/{name}_minus_sft']:+.3f} "
-                  f"(95% paired bootstrap [{lo:+.3f}, {hi:+.3f}])")
+    for key in [k for k in summary if k.endswith("_minus_sft") and k.startswith(("gold/", "judge/"))]:
+        kind, name = key[:-len("_minus_sft")].split("/", 1)  # a policy compared with SFT (its policy_name)
+        lo, hi = summary[f"{key}_interval"]
+        label, what = name.upper(), "held-out gold utility" if kind == "gold" else "held-out judge score"
+        print(f"{what}: SFT {summary[f'{kind}/sft']:.3f}, {label} {summary[f'{kind}/{name}']:.3f}; "
+              f"{label} - SFT {summary[key]:+.3f} (95% paired bootstrap [{lo:+.3f}, {hi:+.3f}])")
+        if f"{kind}/{name}_win_rate" in summary:
+            lo, hi = summary[f"{kind}/{name}_win_rate_interval"]
+            print(f"  {label} win rate against SFT: {summary[f'{kind}/{name}_win_rate']:.3f} [{lo:.3f}, {hi:.3f}]")
     if "chosen/rollout" in summary:
         print(f"chosen PPO checkpoint: rollout {summary['chosen/rollout']} by held-out utility "
               f"{summary['chosen/heldout_utility']:.3f} (early stopping); Goodhart plot: {summary['goodhart_plot']}")
         if summary.get("chosen/starting_policy"):
             print("no PPO update improved held-out utility: the exported policy is the starting one (rollout 0)")
     for key, value in summary.items():  # the stage's own figures (its stage_summary and finish)
-        if isinstance(value, float) and not key.startswith(("gold/", "chosen/")) and key != "train/loss":
+        if isinstance(value, float) and not key.startswith(("gold/", "judge/", "chosen/")) and key != "train/loss":
             print(f"{key}: {value:.4f}")
     print(f"run folder: {summary['run_dir']}")
     print(f"exported model: {summary['export']}")

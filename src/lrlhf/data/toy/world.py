@@ -125,10 +125,11 @@ def _rng(seed: int, part: str):
     return random.Random(f"lrlhf-toy:{seed}:{part}")
 
 
-def sample_prompt_sets(cfg: WorldConfig) -> dict[str, list[dict]]:
-    """Tasks for every prompt set; no prompt text appears twice, so the sets are disjoint."""
+def sample_prompt_sets(cfg: WorldConfig, extra: int = 0) -> dict[str, list[dict]]:
+    """Tasks for every prompt set; no prompt text appears twice, so the sets are disjoint. ``extra`` more prompts,
+    disjoint from all of them, come as ``sets["extra"]`` (the sets themselves do not change)."""
     rng = _rng(cfg.seed, "prompts")
-    total = sum(getattr(cfg.sizes, name) for name in PROMPT_SETS)
+    total = sum(getattr(cfg.sizes, name) for name in PROMPT_SETS) + extra
     seen: set[str] = set()
     pool: list[dict] = []
     while len(pool) < total:
@@ -142,7 +143,18 @@ def sample_prompt_sets(cfg: WorldConfig) -> dict[str, list[dict]]:
         size = getattr(cfg.sizes, name)
         sets[name] = pool[start:start + size]
         start += size
+    sets["extra"] = pool[start:]
     return sets
+
+
+def judge_records(cfg: WorldConfig) -> dict[str, list[dict]]:
+    """Preference pairs for a held-out judge reward model (``judge_train``: half as many prompts as
+    ``pref_train``; ``judge_val``: as many as ``pref_val``), labelled by the same annotators on prompts that are in
+    no other file of the world: the toy world's counterpart of a real world's judge split (lrlhf.data.worlds)."""
+    n_train, n_val = max(1, cfg.sizes.pref_train // 2), max(1, cfg.sizes.pref_val)
+    extra = sample_prompt_sets(cfg, extra=n_train + n_val)["extra"]
+    return {"judge_train": preference_records(extra[:n_train], cfg, "judge_train")[0],
+            "judge_val": preference_records(extra[n_train:], cfg, "judge_val")[0]}
 
 
 def _assistant(text: str) -> list[dict]:

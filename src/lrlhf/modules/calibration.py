@@ -1,0 +1,57 @@
+"""The reward scale PPO sees, measured where PPO samples: on the reference policy's own responses to the run's
+prompts (issue #15: a calibration fitted on preference completions gave 3.77 on SmolLM2's first rollout, where the
+raw score was -0.62, so the KL penalty and the clipping saw a scale that fitted nothing).
+
+``module.calibration`` of the PPO recipes is either a saved :class:`~lrlhf.models.reward.RewardCalibration`
+(``${deps.rm}/model``: measured by the RM stage on held-out preference completions, the toy world's default) or a
+:class:`ReferenceSamples` that PPO measures once before its first update. The measured calibration is frozen for
+the run, saved in its checkpoints (a resume keeps it) and reported in summary.json.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from lrlhf.functional.masks import response_masks
+from lrlhf.models.reward import RewardCalibration
+from lrlhf.modules.rollout import row_chunks
+
+
+@dataclass
+class ReferenceSamples:
+    """Measure ``(mean, std)`` of the raw RM scores of one response per prompt, sampled from the starting policy
+    (the reference: the policy adapter starts at zero) for the first ``n_prompts`` training prompts, with ``seed``
+    (the run's RNG is left untouched, so the rollouts are those of a run without it)."""
+
+    n_prompts: int = 64
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.n_prompts < 2:
+            raise ValueError(f"module.calibration.n_prompts must be >= 2 (a standard deviation), got {self.n_prompts}")
+
+    @torch.no_grad()
+    def measure(self, module, datamodule) -> RewardCalibration:
+        items = datamodule.datasets["train"][:self.n_prompts]
+        batch = datamodule.collate(items)
+        device = module.device
+        query_ids, query_mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(self.seed)
+            response_ids = module.sample(query_ids, query_mask).response_ids
+        masks = response_masks(response_ids, module.eos_token_ids, module.pad_token_id)
+        scores = torch.cat([module.score(query_ids[rows], query_mask[rows], response_ids[rows],
+                                         type(masks)(*(m[rows] for m in masks)))
+                            for rows in row_chunks(query_ids.shape[0], module.config.forward_batch_size)])
+        scores = scores.double()
+        std = scores.std().item()
+        if not std > 0:
+            raise ValueError(f"module.calibration: the reward model gave every one of {len(scores)} reference "
+                             f"responses the score {scores[0].item():.4g}; a constant reward has no scale to measure")
+        return RewardCalibration(mean=scores.mean().item(), std=std, count=len(scores),
+                                 reference=f"the reference policy's samples on {len(scores)} RL prompts")
+
+
+__all__ = ["ReferenceSamples"]
