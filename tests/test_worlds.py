@@ -186,7 +186,7 @@ def test_ppo_on_an_hh_world_with_a_real_tokenizer_runs_every_stage_and_reports_t
     for name in ("rm", "judge_rm"):
         assert (stages[name] / "model" / "config.json").is_file(), name
     judge = json.loads((stages["judge_rm"] / "summary.json").read_text())
-    assert 0.0 <= judge["test/accuracy"] <= 1.0
+    assert 0.0 <= judge["test/accuracy"] <= 1.0 and {"test/accuracy_interval", "test/longer_wins"} <= judge.keys()
     # the early stopping judge is the judge stage's model, and the data report is in summary.json
     config = (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
     assert "judge_rm" in config

@@ -119,3 +119,29 @@ def test_adapter_as_starting_model_is_merged(tiny_llama, tmp_path):
     loaded.eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=IDS).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_lora_on_the_last_layers_only_trains_and_backpropagates_through_those(tiny_llama):
+    import pytest
+
+    n = tiny_llama.config.num_hidden_layers
+    assert n >= 2
+    model = add_adapters(tiny_llama, {"policy": LoraSpec(r=2, layers=1)})
+    layers = {int(name.split(".layers.")[1].split(".")[0]) for name, _ in model.named_parameters() if "lora_" in name}
+    assert layers == {n - 1}
+    ids = torch.randint(0, tiny_llama.config.vocab_size, (2, 6))
+    seen = []
+    first = model.base_model.model.model.layers[0]
+    first.register_full_backward_hook(lambda *args: seen.append(1))
+    model(ids).logits.sum().backward()
+    assert not seen  # nothing below the adapted layer needs a gradient: backward stops above it
+    with pytest.raises(ValueError, match=r"lora.layers=\[7\]: the model has"):
+        add_adapters(_fresh(tiny_llama), {"policy": LoraSpec(r=2, layers=[7])})
+    with pytest.raises(ValueError, match="lora.layers must be null, a count > 0 or a list"):
+        LoraSpec(layers=0)
+
+
+def _fresh(model):
+    from transformers import AutoModelForCausalLM as Auto
+
+    return Auto.from_config(model.config)

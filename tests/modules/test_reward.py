@@ -260,6 +260,25 @@ def test_a_source_file_name_with_dots_is_a_metric_name(world, tmp_path):
     assert metrics[f"val/accuracy_source/{hh_test.name}"] == pytest.approx(metrics["val/accuracy"])
 
 
+def test_held_out_accuracy_comes_with_its_interval_and_the_length_baselines(world):
+    # issue #15: an RM that only learned "shorter wins" must be seen as such
+    from lrlhf.modules.reward import completion_lengths
+    from lrlhf.modules.reward_eval import pairwise_baselines
+
+    module = RewardModule(ModelConfig(str(world.model)), RewardConfig(lr=1e-3), tokenizer=world.tokenizer)
+    module.configure_model()
+    data = _datamodule(world)
+    data.setup("fit")
+    # a scorer that prefers the shorter answer, nothing else
+    out = pairwise_baselines([module.as_pairs(-completion_lengths(b).float(), b) for b in data.val_dataloader()])
+    assert out["test/pair_accuracy"] == pytest.approx(out["test/shorter_wins"])
+    assert out["test/longer_wins"] == pytest.approx(1 - out["test/shorter_wins"])
+    lo, hi = out["test/accuracy_interval"]
+    assert lo <= out["test/pair_accuracy"] <= hi
+    labelled = [json.loads(line) for line in world.pref_val.read_text().splitlines()]
+    assert out["test/pairs"] == sum(1 for r in labelled if r.get("target", 1.0) != 0.5)
+
+
 def test_packed_pairs_score_like_padded_ones(world):
     module = RewardModule(ModelConfig(str(world.model), attn_implementation="sdpa")).eval()
     padded, packed = _datamodule(world), _datamodule(world, packing=True, pack_length=192)

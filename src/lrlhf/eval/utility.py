@@ -9,6 +9,7 @@ from typing import NamedTuple
 
 from lrlhf.data.records import PromptExample
 from lrlhf.data.toy import gold_utility
+from lrlhf.functional.stats import bootstrap_interval
 from lrlhf.models.generation import SamplingConfig, generate_responses
 
 
@@ -63,23 +64,6 @@ def sample_gold_utility(
     var = sum((u - mean) ** 2 for u in per_prompt) / (n - 1) if n > 1 else 0.0
     by_kind = {kind: sum(v) / len(v) for kind, v in sorted(kinds.items())}
     return UtilityEstimate(mean, math.sqrt(var / n), by_kind, tuple(per_prompt))
-
-
-def bootstrap_interval(values: Sequence[float], n_resamples: int = 2000, seed: int = 0,
-                       level: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of the mean of ``values`` (one value per prompt: prompts are resampled).
-
-    For a paired comparison pass the per-prompt differences of two policies on the same prompts.
-    """
-    import torch
-
-    x = torch.as_tensor(list(values), dtype=torch.float64)
-    if x.numel() == 0:
-        raise ValueError("bootstrap_interval needs at least one value")
-    g = torch.Generator().manual_seed(seed)
-    means = x[torch.randint(0, x.numel(), (n_resamples, x.numel()), generator=g)].mean(1)
-    tail = (1.0 - level) / 2
-    return means.quantile(tail).item(), means.quantile(1.0 - tail).item()
 
 
 def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[PromptExample], name: str, *,

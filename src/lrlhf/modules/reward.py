@@ -333,6 +333,9 @@ class RewardModule(StageOutputs, pl.LightningModule):
         check_finite(rewards, "validation rewards", "reward", self.global_step, self.config.lr,
                      stopped="before computing metrics", across_ranks=False)  # rank 0 may validate alone
         out = self.compute_loss(rewards, batch)
+        if getattr(self, "held_out", None) is not None:  # evaluate_held_out: the same pass gives calibration, CIs
+            self.held_out.append((rewards.detach().float().cpu(), PairView(*(
+                t.detach().float().cpu() if isinstance(t, Tensor) else t for t in out.pairs))))
         self.update_metrics(rewards, batch, out.pairs)
         self.log("val/loss", out.loss, batch_size=out.pairs.chosen.shape[0], sync_dist=True)
         self.log_metrics()

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from lrlhf.functional.stats import bootstrap_interval
 from lrlhf.models.reward import RewardCalibration
 
 
@@ -26,10 +27,35 @@ def evaluate_held_out(module, data, out_dir: Path, trained) -> dict:
         no_metric_sync(module)
     evaluator = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
                            default_root_dir=str(out_dir))
-    metrics = evaluator.validate(module, dataloaders=data.test_dataloader(), verbose=False)[0]
-    calibration = compute_calibration(module, data.test_dataloader(), reference="held-out preference completions")
+    module.held_out = []  # one scoring pass: validation_step keeps each batch's (rewards, pairs) here
+    try:
+        metrics = evaluator.validate(module, dataloaders=data.test_dataloader(), verbose=False)[0]
+        scored = module.held_out
+    finally:
+        module.held_out = None
+    rewards = torch.cat([r for r, _ in scored])
+    calibration = calibration_of(module, rewards, "held-out preference completions")
     return {"test/accuracy": metrics["val/accuracy"], "test/auroc": metrics["val/auroc"],
-            "test/ece": metrics["val/ece"], "calibration": {"mean": calibration.mean, "std": calibration.std}}
+            "test/ece": metrics["val/ece"], "calibration": {"mean": calibration.mean, "std": calibration.std},
+            **pairwise_baselines([pairs for _, pairs in scored])}
+
+
+def pairwise_baselines(pair_views) -> dict:
+    """The RM's accuracy on the labelled (non-tie) pairs of ``pair_views`` (:class:`PairView` s) with its 95%
+    bootstrap interval over pairs, beside what length alone scores on the same pairs: ``longer wins`` and ``shorter
+    wins`` (equal lengths count half). An RM that only learned length is no better than one of them (issue #15)."""
+    correct, longer, shorter = [], [], []
+    for pairs in pair_views:
+        labelled = pairs.target != 0.5
+        sign = torch.where(pairs.target > 0.5, 1.0, -1.0)[labelled]
+        correct += _wins(pairs.chosen, pairs.rejected, labelled, sign)
+        longer += _wins(pairs.chosen_length, pairs.rejected_length, labelled, sign)
+        shorter += _wins(pairs.rejected_length, pairs.chosen_length, labelled, sign)
+    if not correct:
+        return {}
+    return {"test/pairs": len(correct), "test/pair_accuracy": sum(correct) / len(correct),
+            "test/accuracy_interval": bootstrap_interval(correct),
+            "test/longer_wins": sum(longer) / len(longer), "test/shorter_wins": sum(shorter) / len(shorter)}
 
 
 @torch.no_grad()
@@ -54,6 +80,11 @@ def compute_calibration(module, data, reference: str = "") -> RewardCalibration:
         rewards = torch.cat([module.score(_to_device(b, module.device)).float().cpu() for b in data])
     finally:
         module.train(was_training)
+    return calibration_of(module, rewards, reference)
+
+
+def calibration_of(module, rewards: Tensor, reference: str) -> RewardCalibration:
+    """Mean and std of ``rewards``, stored on ``module.calibration``."""
     if rewards.numel() < 2:
         raise ValueError("compute_calibration needs at least two completions")
     std = rewards.std().item()
@@ -63,6 +94,11 @@ def compute_calibration(module, data, reference: str = "") -> RewardCalibration:
                          "module.config.lr too high?) or identical completions")
     module.calibration = RewardCalibration(rewards.mean().item(), std, rewards.numel(), reference)
     return module.calibration
+
+
+def _wins(a: Tensor, b: Tensor, labelled: Tensor, sign: Tensor) -> list[float]:
+    """Per labelled pair: 1 when ``a - b`` has the label's sign, 0 when not, 0.5 when level."""
+    return (0.5 * (torch.sign((a - b).float()[labelled] * sign) + 1)).tolist()
 
 
 def _to_device(batch: dict, device) -> dict:

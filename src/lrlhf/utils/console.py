@@ -186,6 +186,11 @@ def print_summary(summary: dict) -> None:
         if f"{kind}/{name}_win_rate" in summary:
             lo, hi = summary[f"{kind}/{name}_win_rate_interval"]
             print(f"  {label} win rate against SFT: {summary[f'{kind}/{name}_win_rate']:.3f} [{lo:.3f}, {hi:.3f}]")
+    if "test/accuracy_interval" in summary:  # a reward model, with what length alone scores on the same pairs
+        lo, hi = summary["test/accuracy_interval"]
+        print(f"held-out pairwise accuracy: {summary['test/pair_accuracy']:.3f} (95% bootstrap [{lo:.3f}, {hi:.3f}], "
+              f"{summary['test/pairs']} pairs); longer wins {summary['test/longer_wins']:.3f}, shorter wins "
+              f"{summary['test/shorter_wins']:.3f}")
     if "chosen/rollout" in summary:
         print(f"chosen PPO checkpoint: rollout {summary['chosen/rollout']} by held-out utility "
               f"{summary['chosen/heldout_utility']:.3f} (early stopping); Goodhart plot: {summary['goodhart_plot']}")
