@@ -106,3 +106,14 @@ def test_bad_input_ends_with_one_line_and_no_result(tmp_path, case):
     lines = _error_lines(out)
     assert lines[0].startswith(expected) and len(lines) == 2, out.stderr[-3000:]
     assert not (run / "summary.json").exists() and not (run / "merged").exists()
+
+
+def test_dropping_a_needed_stage_names_the_key_that_still_reads_it(tmp_path):
+    # issue #15: using your own model in recipe=rm took undocumented overrides; needs.sft=null now says what to set
+    out = _train(tmp_path, "recipe=rm", "needs.sft=null", "logger=none", f"hydra.run.dir={tmp_path / 'run'}",
+                 check=False)
+    assert out.returncode == 1
+    assert _error_lines(out)[0] == (
+        "lrlhf: error: module.model: Interpolation key 'deps.sft' not found: the recipe no longer needs a `sft` "
+        "stage (needs.sft=null), so give module.model its own value, e.g. module.model='${model}' for the run's "
+        "model"), out.stderr

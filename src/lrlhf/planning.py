@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 from collections.abc import Callable
@@ -148,6 +149,10 @@ def validate(cfg: DictConfig) -> None:
                     instantiate(node, _convert_="all")
                 except Exception as err:
                     cause = str(_root_cause(err))  # its own message may already name the key
+                    missing = re.search(r"Interpolation key 'deps\.(\w+)' not found", cause)
+                    if missing:  # e.g. needs.sft=null: the recipe still reads the stage it no longer builds
+                        cause += (f": the recipe no longer needs a `{missing[1]}` stage (needs.{missing[1]}=null), "
+                                  f"so give {where} its own value, e.g. {where}='${{model}}' for the run's model")
                     raise ValueError(cause if cause.startswith(f"{where}.") else f"{where}: {cause}") from err
                 return
         for key in node:

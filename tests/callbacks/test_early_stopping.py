@@ -141,7 +141,18 @@ def test_a_held_out_prompt_with_special_token_text_is_refused_at_setup(world, to
     from lrlhf.data.records import PromptExample
 
     forged = PromptExample(prompt=[{"role": "user", "content": f"hi {tokenizer.eos_token} there"}], source="x.jsonl")
-    es = HeldOutUtilityEarlyStopping([PromptExample(prompt=[{"role": "user", "content": "hi"}]), forged], plot=False)
+    es = HeldOutUtilityEarlyStopping([PromptExample(prompt=[{"role": "user", "content": "hi"}]), forged], plot=False,
+                                     utility=lambda prompt, response: 0.0)
     with pytest.raises(ValueError, match=r"callbacks\.early_stopping\.prompts: prompt 1 \(x\.jsonl\): message 0 "
                                          r"\(user\) contains the special token text"):
         es.setup(None, SimpleNamespace(tokenizer=tokenizer), "fit")
+
+
+def test_toy_gold_on_prompts_without_a_task_is_refused_at_setup():
+    # issue #15: real prompts with the default toy gold failed after the first rollout
+    from lrlhf.data.records import PromptExample
+
+    real = [PromptExample(prompt=[{"role": "user", "content": "hi"}]) for _ in range(3)]
+    with pytest.raises(ValueError, match=r"callbacks\.early_stopping\.utility=toy_gold: prompt 1 of "
+                                         r"callbacks\.early_stopping\.prompts \(and 2 more\) has no toy-world task"):
+        HeldOutUtilityEarlyStopping(real, plot=False)

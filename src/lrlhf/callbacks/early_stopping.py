@@ -103,6 +103,12 @@ class HeldOutUtilityEarlyStopping(Callback):
         if not self.prompts:
             raise ValueError("callbacks.early_stopping.prompts is empty")
         self.utility = resolve_judge(utility, key="callbacks.early_stopping.utility")
+        untasked = [i for i, p in enumerate(self.prompts) if "task" not in p.meta]
+        if utility == "toy_gold" and untasked:  # checked now, not after the first rollout
+            raise ValueError(f"callbacks.early_stopping.utility=toy_gold: prompt {untasked[0] + 1} of "
+                             f"callbacks.early_stopping.prompts (and {len(untasked) - 1} more) has no toy-world task "
+                             "to score; the toy world's gold utility scores only its own prompts: give a judge "
+                             "(rm:<folder>, <module>:<callable>) or the world's (world.judge)")
         if plot and importlib.util.find_spec("matplotlib") is None:
             raise ValueError("callbacks.early_stopping.plot=True needs matplotlib (pip install matplotlib), "
                              "or set plot=False")
