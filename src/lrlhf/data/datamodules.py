@@ -201,7 +201,7 @@ class ChatDataModule(pl.LightningDataModule):
             if self.sources[split] is None or split in self.datasets:
                 continue
             records, stats = self._records(split)
-            before = dict(stats.dropped), stats.truncated, getattr(stats, "removed_answers", 0)
+            before = dict(stats.dropped), stats.truncated, stats.removed_answers
             items = [item for item in (self.encode(r, stats) for r in records) if item is not None]
             self.reports[split] = self._report(split, records, items, stats, before)
             if not items:
@@ -222,12 +222,12 @@ class ChatDataModule(pl.LightningDataModule):
         report = {"source": str(getattr(stats, "source", "records")), "records": len(records), "kept": len(items),
                   "dropped_reading": dropped_before, "dropped_encoding": encoding,
                   "truncated": stats.truncated - truncated_before,
-                  "removed_answers": getattr(stats, "removed_answers", 0) - removed_before}
+                  "removed_answers": stats.removed_answers - removed_before}
         if encoding or report["truncated"] or report["removed_answers"]:
             parts = [f"dropped {', '.join(f'{reason} {n}' for reason, n in encoding.items())}"] if encoding else []
             parts += [f"truncated {report['truncated']}"] if report["truncated"] else []
-            parts += [f"{report['removed_answers']} ranking answers removed as too long"] * bool(
-                report["removed_answers"])
+            if report["removed_answers"]:
+                parts.append(f"{report['removed_answers']} ranking answers removed as too long")
             print(f"data {split} ({report['source']}), encoded with max_length={self.max_length}: "
                   f"{len(records):,} records -> {len(items):,} kept; {'; '.join(parts)}", flush=True)
         return report

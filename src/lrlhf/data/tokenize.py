@@ -393,7 +393,7 @@ def encode_ranking(tokenizer, ranking: Ranking, **kw) -> EncodedRanking | None:
             out = encode_chat(tokenizer, ranking.prompt, completions, stats=scratch, **kw)
     if stats is not None:
         stats.truncated += scratch.truncated
-        stats.removed_answers = getattr(stats, "removed_answers", 0) + scratch.removed_answers
+        stats.removed_answers += scratch.removed_answers
         for reason, n in scratch.dropped.items():
             stats.dropped[reason] = stats.dropped.get(reason, 0) + n
     return None if out is None else EncodedRanking(out, ranks)
