@@ -44,6 +44,7 @@ from lrlhf.models import (
     load_tokenizer,
 )
 from lrlhf.models.heads import decoder
+from lrlhf.models.lora import refuse_full_finetuning_if_quantised
 from lrlhf.models.reward import (
     ADAPTER_DIR,
     ADAPTER_NAME,
@@ -181,7 +182,9 @@ class RewardModule(StageOutputs, pl.LightningModule):
                 tokenizer = load_tokenizer(model)
             model = load_causal_lm(model)
         if not isinstance(model, ScalarModel):
-            if config.lora is not None:
+            if config.lora is None:
+                refuse_full_finetuning_if_quantised(model, "module.config.lora", "hparams.rm.lora='{r:16,alpha:32}'")
+            else:
                 model = add_adapters(model, {ADAPTER_NAME: config.lora})
             model = ScalarModel(model, zero_init=config.head_init == "zero")
         self.model = model

@@ -33,6 +33,7 @@ from lrlhf.models import (
     load_tokenizer,
 )
 from lrlhf.models.generation import SamplingConfig, as_prompt
+from lrlhf.models.lora import refuse_full_finetuning_if_quantised
 from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
 from lrlhf.modules.samples import log_table, sample_table
 from lrlhf.modules.stage import StageOutputs
@@ -128,6 +129,8 @@ class SFTModule(StageOutputs, pl.LightningModule):
     # ---------------------------------------------------------------------------------- model setup
     def _with_adapter(self, model: nn.Module) -> nn.Module:
         if self.config.lora is None:
+            refuse_full_finetuning_if_quantised(model, "module.config.lora", "recipe=sft_lora (hparams.sft_recipe="
+                                                "sft_lora for the stages that build SFT first)")
             return model
         return add_adapters(model, {self.config.adapter_name: self.config.lora})
 
