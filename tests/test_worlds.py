@@ -1,6 +1,7 @@
 """Real-data worlds (#15): ``world=hh_rlhf`` / ``world=files`` built into the file layout every recipe reads, with a
 held-out judge; planning refuses the toy model and toy gold for them; the whole pipeline through train.py."""
 
+import csv
 import gzip
 import json
 import os
@@ -192,3 +193,9 @@ def test_ppo_on_an_hh_world_with_a_real_tokenizer_runs_every_stage_and_reports_t
     assert "judge_rm" in config
     assert summary["data"]["train"]["records"] == 16
     assert (tmp_path / "run" / "export" / "merged" / "config.json").is_file()
+    # hparams=smollm2 (a LoRA RM): the reward role is the RM's adapter on the policy's own base (#15 item 5)
+    assert "_target_: lrlhf.modules.RewardAdapter" in config
+    # the sample table: PPO's calibrated reward, the judge RM's score, the KL (#15 item 5)
+    [table] = (tmp_path / "run").rglob("samples.csv")
+    rows = list(csv.DictReader(table.open()))
+    assert rows and all(r["reward"] and r["judge"] and r["kl"] for r in rows)

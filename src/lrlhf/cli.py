@@ -62,6 +62,11 @@ def _smollm2_dir() -> str:
     return spec.submodule_search_locations[0]  # located, not imported (its __init__ needs the `llm` tool)
 
 
+def _rm_judge(stage: str | None) -> str | None:
+    """``rm:<stage>/model``, the judge of a built judge_rm stage folder; None when the recipe builds none."""
+    return None if stage is None else f"rm:{stage}/model"
+
+
 def register(root: Path = ROOT) -> None:
     """Register the resolvers and the top-level groups (``recipes/`` as ``recipe``, ``callbacks/``)."""
     from hydra.core.config_store import ConfigStore
@@ -71,6 +76,7 @@ def register(root: Path = ROOT) -> None:
     OmegaConf.register_new_resolver("lrlhf.wandb_offline", _wandb_offline, replace=True)
     OmegaConf.register_new_resolver("lrlhf.smollm2_dir", _smollm2_dir, replace=True)
     OmegaConf.register_new_resolver("lrlhf.recipes_help", lambda: recipes_help(root / "recipes"), replace=True)
+    OmegaConf.register_new_resolver("lrlhf.rm_judge", _rm_judge, replace=True)
     store = ConfigStore.instance()
     for group, folder in TOP_LEVEL_GROUPS.items():
         for path in sorted((root / folder).glob("*.yaml")):
@@ -91,12 +97,24 @@ def _model_config(cfg: DictConfig):
     raise ValueError("the recipe's module has neither `model` nor `policy`")
 
 
+def _logger(node: DictConfig):
+    """The run's logger. An offline W&B run is told not to reference artifacts by client id: wandb 0.19 (the floor)
+    then asked the server for its version at the first table (the sample table) and retried for minutes."""
+    from hydra.utils import instantiate
+
+    if "WandbLogger" in str(node.get("_target_")) and node.get("offline"):
+        import wandb
+
+        return instantiate(node, settings=wandb.Settings(allow_offline_artifacts=False))
+    return instantiate(node)
+
+
 def _trainer(cfg: DictConfig, out_dir: Path):
     from hydra.utils import instantiate
 
     from lrlhf.callbacks import ResumableCheckpoint, console_callbacks
 
-    logger = instantiate(cfg.logger) if cfg.get("logger") else False
+    logger = _logger(cfg.logger) if cfg.get("logger") else False
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c]
     stored = run_config(cfg)
     for callback in callbacks:  # the run config is stored with every checkpoint and checked on resume
@@ -195,7 +213,8 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
         summary.update(compare_with_sft(whole.model, load_causal_lm(_model_config(cfg)), whole.tokenizer,
                                         ev.prompts, whole.policy_name, n_samples=ev.n_samples, seed=cfg.seed,
                                         temperature=ev.temperature, max_new_tokens=ev.max_new_tokens,
-                                        judge=ev.get("judge") or "toy_gold", max_prompts=ev.get("max_prompts")))
+                                        judge=ev.get("judge") or "toy_gold", max_prompts=ev.get("max_prompts"),
+                                        max_prompt_length=ev.get("max_prompt_length") or 1024))
     return summary
 
 

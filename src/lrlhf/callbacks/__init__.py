@@ -1,4 +1,5 @@
-"""Callbacks that observe and decide: KL coefficient, early stopping on held-out utility, resumable checkpoints;
+"""Callbacks that observe and decide: KL coefficient, early stopping on held-out utility, resumable checkpoints,
+the sample table (prompt, response, reward, judge, KL);
 and the console's: progress in rollouts or steps, a clean stop on SIGTERM / SIGINT (``console_callbacks``).
 
 Each takes plain keyword arguments, so a Hydra ``callbacks/<name>.yaml`` with a ``_target_`` builds it.
@@ -9,6 +10,7 @@ from lrlhf.callbacks.csv_logger import ResumableCSVLogger
 from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
 from lrlhf.callbacks.kl_control import KLControlCallback
 from lrlhf.callbacks.progress import RunProgressBar, console_callbacks
+from lrlhf.callbacks.samples import SampleTable
 from lrlhf.callbacks.stop import StopOnSignal, TrainingStopped
 from lrlhf.eval.plots import plot_goodhart  # kept importable from here; it lives in eval/plots.py
 
@@ -18,6 +20,7 @@ __all__ = [
     "ResumableCSVLogger",
     "ResumableCheckpoint",
     "RunProgressBar",
+    "SampleTable",
     "StopOnSignal",
     "TrainingStopped",
     "atomic_save_checkpoint",

@@ -234,7 +234,7 @@ def world_of(node) -> ToyWorld | FilesWorld:
 
     content = {}
     for key in node:
-        if key in ("dir", "judge", "judge_recipe"):
+        if key in ("dir", "judge", "judge_recipe", "table_judge"):
             continue
         value = node[key]
         content[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) \

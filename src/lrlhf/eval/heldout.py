@@ -45,8 +45,8 @@ class HeldOutPolicy(Protocol):
         """``(B, R)`` log-probs of the response tokens under the policy and under the reference, in that order;
         None without a reference (the KL is then 0)."""
 
-    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor:
-        """``(B,)`` raw proxy scores (before calibration)."""
+    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor | None:
+        """``(B,)`` raw proxy scores (before calibration); None without a reward (``proxy`` is then NaN)."""
 
 
 class HeldOutSamples(NamedTuple):
@@ -57,7 +57,7 @@ class HeldOutSamples(NamedTuple):
         texts: ``N`` decoded responses, cut at the first EOS, special tokens skipped.
         ids: ``N`` response token-id lists (the actions: up to and including the first EOS).
         lengths: ``(N,)`` long, actions per response.
-        proxy: ``(N,)`` float32, the calibrated proxy score.
+        proxy: ``(N,)`` float32, the calibrated proxy score (NaN for a policy without a reward).
         kl: ``(N,)`` float32, the per-sequence sum of k1 against the reference (0 without one).
     """
 
@@ -97,7 +97,10 @@ def sample_held_out(policy: HeldOutPolicy, prompts: list[PromptExample], n: int,
                 kls.append(masked_sum(kl_k1(*both), masks.action_mask, dim=1).float().cpu())
             raw = policy.score(q, qm, r, masks)
             calibration = policy.calibration
-            proxies.append((calibration.normalise(raw) if calibration is not None else raw).float().cpu())
+            if raw is None:  # a policy without a reward (an SFT model): NaN
+                proxies.append(torch.full((r.shape[0],), float("nan")))
+            else:
+                proxies.append((calibration.normalise(raw) if calibration is not None else raw).float().cpu())
             lengths.append(masks.lengths.cpu())
             rows = r.tolist()
             ids += [row[:k] for row, k in zip(rows, masks.lengths.tolist(), strict=True)]
@@ -139,8 +142,24 @@ class ModelPolicy:
         return (response_logprobs(self.model, q, qm, r, temperature),
                 response_logprobs(self.reference, q, qm, r, temperature))
 
-    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor:
+    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor | None:
+        if self.reward_model is None:
+            return None
         return self.reward_model.score(torch.cat([q, r], 1), torch.cat([qm, masks.action_mask.to(qm.dtype)], 1))
+
+
+class AdaptersOff:
+    """A peft model called with every adapter disabled: the reference of a LoRA policy, as a model
+    :class:`ModelPolicy` can call."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, **inputs):
+        from lrlhf.models import reference_mode
+
+        with reference_mode(self.model):
+            return self.model(**inputs)
 
 
 class ModuleHooks:
@@ -164,3 +183,18 @@ class ModuleHooks:
 
     def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor:
         return self.module.score(q, qm, r, masks)
+
+
+class ImplicitRewardPolicy(ModelPolicy):
+    """A DPO policy (a LoRA adapter on its reference) as a :class:`HeldOutPolicy`: the reference is the same model
+    with its adapters off, and the reward is DPO's implicit one, ``beta * sum(log pi - log pi_ref)`` over the
+    actions, at temperature 1 as DPO's loss computes it."""
+
+    def __init__(self, model, tokenizer, sampling: SamplingConfig, beta: float):
+        super().__init__(model, tokenizer, None, sampling, reference=AdaptersOff(model))
+        self.beta = beta
+
+    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor:
+        log_ratio = response_logprobs(self.model, q, qm, r, 1.0) - response_logprobs(self.reference, q, qm, r, 1.0)
+        return self.beta * masked_sum(log_ratio, masks.action_mask, dim=1)
+

@@ -68,14 +68,15 @@ def sample_gold_utility(
 
 def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[PromptExample], name: str, *,
                      n_samples: int, temperature: float, max_new_tokens: int, seed: int, judge="toy_gold",
-                     max_prompts: int | None = None) -> dict:
+                     max_prompts: int | None = None, max_prompt_length: int = 1024) -> dict:
     """``judge``'s mean score of ``sft_model``'s and of ``model``'s (reported as ``name``) responses to the same
     prompts with the same seed, the paired difference and ``model``'s win rate against SFT (sample i of a prompt
     against sample i; a tie counts half), each with its 95% prompt-bootstrap interval (``_interval``).
 
     ``judge``: ``toy_gold`` (keys ``gold/...``: the toy world's gold utility), or any judge of
     :func:`lrlhf.eval.judges.resolve_judge` (keys ``judge/...``: a world without gold reports no "gold").
-    ``prompts``: records or a file read as prompts; ``max_prompts``: the first N only (None: all)."""
+    ``prompts``: records or a file read as prompts; ``max_prompts``: the first N only (None: all), each cut from the
+    left to ``max_prompt_length`` tokens."""
     from lrlhf.eval.judges import judge_pairs, resolve_judge
 
     label = "gold" if judge == "toy_gold" else "judge"
@@ -87,8 +88,9 @@ def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[Prompt
     prompts = list(prompts)[:max_prompts]
     repeated = [p for p in prompts for _ in range(n_samples)]  # the n samples of a prompt are adjacent
     sampling = SamplingConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
-    sft_texts = generate_responses(sft_model, tokenizer, repeated, sampling, batch_size=64)
-    texts = generate_responses(model, tokenizer, repeated, sampling, batch_size=64)
+    sft_texts = generate_responses(sft_model, tokenizer, repeated, sampling, batch_size=64,
+                                   max_prompt_length=max_prompt_length)
+    texts = generate_responses(model, tokenizer, repeated, sampling, batch_size=64, max_prompt_length=max_prompt_length)
     u_sft, u_model, _ = judge_pairs(repeated, sft_texts, texts, judge, seed=seed)
 
     def per_prompt(values: Sequence[float]) -> list[float]:
