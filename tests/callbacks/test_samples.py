@@ -121,3 +121,16 @@ def test_reward_model_table_scores_chosen_and_rejected(world, tokenizer):
 def test_bad_settings_name_their_key(key, value):
     with pytest.raises(ValueError, match=rf"callbacks\.samples\.{key} must be"):
         SampleTable(**{key: value})
+
+
+def test_dpo_reward_stays_at_temperature_one_when_sampling_at_another(world, tokenizer):
+    # the KL is at the sampling temperature; DPO's implicit reward is always at temperature 1 (its loss's)
+    module = DPOModule(ModelConfig(str(world.model)), tokenizer, DPOConfig(beta=0.25, lora=LoraSpec(r=2)))
+    module.configure_model()
+    for name, p in module.model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    hot = _table(world, temperature=1.0).rows(module, 1)
+    cold = _table(world, temperature=0.5).rows(module, 1)
+    assert [r[4] for r in hot] == pytest.approx([0.25 * r[6] for r in hot], rel=1e-4, abs=1e-6)
+    assert any(abs(r[4] - 0.25 * r[6]) > 1e-3 for r in cold)  # not beta x the temperature-0.5 log-ratio

@@ -87,20 +87,25 @@ class SampleTable(Callback):
         self.sampling = SamplingConfig(max_new_tokens, temperature, seed)
         self.max_prompt_length = max_prompt_length
         self.judge = None
+        self._loaded: dict[str, list] = {}  # the prompts and pairs, read once
         self._logged_at = -1
         self._seen = 0
 
     # ---------------------------------------------------------------------------------------- inputs
-    @staticmethod
-    def _records(spec, kind: str, key: str) -> list:
+    def _records(self, spec, kind: str, key: str) -> list:
+        """The first ``max_prompts`` records of ``spec`` (a file read as ``kind``, or records), read once."""
         if spec is None:
             raise ValueError(f"callbacks.samples.{key} is null: this module's table needs it")
-        if isinstance(spec, (str, Path)):
-            from lrlhf.data.formats import load_records
+        if key not in self._loaded:
+            records = spec
+            if isinstance(spec, (str, Path)):
+                from lrlhf.data.formats import load_records
 
-            records, _ = load_records(str(spec), kind, verbose=False)
-            return list(records)
-        return list(spec)
+                records, _ = load_records(str(spec), kind, verbose=False)
+            if kind == "preference":
+                records = [p for p in records if hasattr(p, "chosen")]  # pairs (a ranking has no chosen)
+            self._loaded[key] = list(records)[:self.max_prompts]
+        return self._loaded[key]
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         self._resolve_judge()  # a bad judge fails before training
@@ -121,7 +126,7 @@ class SampleTable(Callback):
 
         policy = held_out_policy(pl_module, self.sampling)
         if policy is not None:
-            prompts = self._records(self.prompts_spec, "prompt", "prompts")[:self.max_prompts]
+            prompts = self._records(self.prompts_spec, "prompt", "prompts")
             samples = sample_held_out(policy, prompts, 1, self.sampling.seed, len(prompts), self.max_prompt_length)
             records, texts = samples.records, samples.texts
             rewards, kls = samples.proxy.tolist(), samples.kl.tolist()
@@ -129,8 +134,7 @@ class SampleTable(Callback):
                 kls = [None] * len(texts)
             kinds = ["sample"] * len(texts)
         else:
-            pairs = [p for p in self._records(self.pairs_spec, "preference", "pairs") if hasattr(p, "chosen")]
-            pairs = pairs[:self.max_prompts]
+            pairs = self._records(self.pairs_spec, "preference", "pairs")
             records = [PromptExample(p.prompt, p.source, dict(p.meta)) for p in pairs for _ in (0, 1)]
             texts = [_text(c) for p in pairs for c in (p.chosen, p.rejected)]
             kinds = ["chosen", "rejected"] * len(pairs)

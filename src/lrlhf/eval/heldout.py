@@ -193,8 +193,18 @@ class ImplicitRewardPolicy(ModelPolicy):
     def __init__(self, model, tokenizer, sampling: SamplingConfig, beta: float):
         super().__init__(model, tokenizer, None, sampling, reference=AdaptersOff(model))
         self.beta = beta
+        self._last: tuple[Tensor, tuple[Tensor, Tensor]] | None = None  # (r, its log-probs at temperature 1)
+
+    def logprobs_and_reference(self, q: Tensor, qm: Tensor, r: Tensor) -> tuple[Tensor, Tensor]:
+        both = super().logprobs_and_reference(q, qm, r)
+        self._last = (r, both) if self.sampling.temperature == 1.0 else None
+        return both
 
     def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor:
-        log_ratio = response_logprobs(self.model, q, qm, r, 1.0) - response_logprobs(self.reference, q, qm, r, 1.0)
-        return self.beta * masked_sum(log_ratio, masks.action_mask, dim=1)
+        if self._last is not None and self._last[0] is r:  # the KL's forwards were at temperature 1: reuse them
+            logprobs, reference = self._last[1]
+        else:
+            logprobs = response_logprobs(self.model, q, qm, r, 1.0)
+            reference = response_logprobs(self.reference, q, qm, r, 1.0)
+        return self.beta * masked_sum(logprobs - reference, masks.action_mask, dim=1)
 

@@ -83,10 +83,16 @@ class LoraSpec:
         return layers
 
 
+def is_quantised(model) -> bool:
+    """Whether a transformers model (a peft model: its base) was loaded quantised (``model.quantization``)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return bool(getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False))
+
+
 def refuse_full_finetuning_if_quantised(model, key: str, hint: str) -> None:
     """Full fine-tuning of a quantised model (``model.quantization``) would train only its unquantised tensors
     (embeddings, norms, head) and report success: refused, naming ``key`` (null) and how to train LoRA instead."""
-    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+    if is_quantised(model):
         raise ValueError(f"{key} is null (full fine-tuning), but the model is loaded quantised (model.quantization): "
                          f"only its unquantised tensors would train. Train LoRA adapters on it: {hint}")
 
@@ -103,7 +109,7 @@ def add_adapters(model, adapters: dict[str, LoraSpec]):
         raise ValueError("add_adapters needs at least one adapter")
     if isinstance(model, PeftModel):
         raise ValueError("model already has adapters: merge them first (see load_causal_lm)")
-    if getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False):
+    if is_quantised(model):
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     names = list(adapters)
     peft_model = get_peft_model(model, adapters[names[0]].to_peft(model), adapter_name=names[0])
@@ -131,7 +137,7 @@ def export_merged(model, out_dir: str | Path, tokenizer=None, adapter: str | Non
     live model keeps its adapters; a plain model is saved as is. A quantised model (QLoRA) is saved dequantised.
     """
     out_dir = Path(out_dir)
-    if hasattr(model, "merge_and_unload") and getattr(model.get_base_model(), "hf_quantizer", None) is not None:
+    if hasattr(model, "merge_and_unload") and is_quantised(model):
         merged = _merged_dequantised(model, adapter or model.active_adapter)
     elif hasattr(model, "merge_and_unload"):
         merged = copy.deepcopy(model)
@@ -141,7 +147,7 @@ def export_merged(model, out_dir: str | Path, tokenizer=None, adapter: str | Non
                 merged.delete_adapter(other)
         merged.set_adapter(name)
         merged = merged.merge_and_unload()
-    elif getattr(model, "hf_quantizer", None) is not None:
+    elif is_quantised(model):
         merged = copy.deepcopy(model).dequantize()
     else:
         merged = model

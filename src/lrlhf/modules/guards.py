@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from lrlhf.models.lora import is_quantised
 from lrlhf.utils.compat import unwrap_model
 from lrlhf.utils.distributed import any_across_ranks
 from lrlhf.utils.errors import InvariantError
@@ -57,7 +58,7 @@ def run_precision(trainer, model) -> Precision:
     dtype = weights.dtype if weights is not None else torch.float32
     parts = [f"precision {precision}", f"{str(dtype).replace('torch.', '')} weights"]
     reduced = precision.startswith(("16", "bf16")) or dtype in HALF_DTYPES
-    if getattr(base, "is_loaded_in_4bit", False) or getattr(base, "is_loaded_in_8bit", False):
+    if is_quantised(base):
         parts.append("k-bit quantised")
         reduced = True
     if weights is not None and weights.is_cuda and torch.backends.cuda.matmul.allow_tf32:
