@@ -37,3 +37,9 @@ class MaxBaseline(GroupAdvantage):
     def sequence_advantages(self, rewards: torch.Tensor) -> torch.Tensor:
         groups = rewards.reshape(-1, self.samples_per_prompt)  # (prompts, k), a prompt's samples adjacent
         return (groups - groups.max(dim=1, keepdim=True).values).reshape(-1)
+
+
+def prefer_longer(prompt, a: str, b: str) -> float:
+    """A pairwise annotator of tests/test_rounds.py (rounds.annotator=PairwiseAnnotator): the longer response
+    wins, equal lengths tie; a labeller of the file exchange applies the same rule by hand."""
+    return 1.0 if len(a) > len(b) else 0.0 if len(a) < len(b) else 0.5

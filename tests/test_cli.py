@@ -76,7 +76,8 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
 
     todo = planning.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
     needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"], "judge_rm": [],
-             "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"]}.get(recipe, ["sft", "rm"])
+             "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"],
+             "iterative_ppo": ["sft"]}.get(recipe, ["sft", "rm"])  # iterative: each round trains its own RM
     assert [t[0] for t in todo] == needs
     assert not (tmp_path / "worlds").exists()
 
@@ -258,7 +259,8 @@ def test_model_smollm2_composes_to_the_wheel_gguf(smollm2_config, tmp_path):
     assert cfg.model.gguf_file == smollm2_config.gguf_file
 
 
-@pytest.mark.parametrize("recipe", [r for r in RECIPES if r != "eval"])  # eval: test_eval_recipe_tiny below
+# eval: test_eval_recipe_tiny below; iterative_ppo: tests/test_rounds.py
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r not in ("eval", "iterative_ppo")])
 def test_every_recipe_runs_tiny(recipe, tmp_path):
     run = tmp_path / "run"
     # RLOO / GRPO: the same module plus checks that no critic is built or run (cli_subclass.NoCriticPPO)

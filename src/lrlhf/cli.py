@@ -218,8 +218,9 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
     return summary
 
 
-#: Every stage a recipe may name: the trained ones, and ``eval`` (no training; lrlhf.eval.harness).
-STAGES = ("sft", "rm", "ppo", "dpo", "eval")
+#: Every stage a recipe may name: the trained ones, ``eval`` (no training; lrlhf.eval.harness) and ``iterative``
+#: (rounds of labelling, RM and PPO stages; lrlhf.rounds).
+STAGES = ("sft", "rm", "ppo", "dpo", "eval", "iterative")
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -260,6 +261,10 @@ def run(cfg: DictConfig) -> dict:
             atomic_save_folder(world, built.build)
         else:  # torchrun / srun start every rank at once; no process group exists yet to wait on
             wait_for_file(world / "world.json")
+    if zero and cfg.stage == "iterative":  # a second launch into a folder with rounds, too few fresh prompts
+        from lrlhf.rounds import check_start
+
+        check_start(cfg, run_dir)
     if zero:  # every data file is read once before any stage is built (a bad one must not cost a build first)
         check_data([(f"the `{recipe}` stage this recipe needs: ", dep) for recipe, dep, _ in todo] + [("", cfg)],
                    pending=[out_dir for _, _, out_dir in todo])
@@ -285,7 +290,17 @@ def run(cfg: DictConfig) -> dict:
         barrier()  # the next stage reads this one's export
     if zero:
         print(f"[{next(number)}/{steps}] the `{cfg.stage}` stage, in {run_dir}")
-    summary = run_stage(cfg, run_dir)
+    if cfg.stage == "iterative":  # rounds of labels, RM and PPO stages (lrlhf.rounds), on one process
+        from lrlhf.planning import _shared_overrides
+        from lrlhf.rounds import run_rounds
+
+        def compose_stage(recipe: str, extra: list[str]) -> DictConfig:
+            return compose_recipe(recipe, [*_shared_overrides(overrides), *(cfg.stage_overrides.get(recipe) or []),
+                                           *extra])
+
+        summary = run_rounds(cfg, run_dir, run_stage, compose_stage)
+    else:
+        summary = run_stage(cfg, run_dir)
     if zero:
         print_summary(summary)
     elif cfg.stage != "eval":  # rank 0 exported, evaluated and wrote the summary (eval: rank 0 alone, not yet)

@@ -163,6 +163,8 @@ def validate(cfg: DictConfig) -> None:
         from lrlhf.eval.harness import check_eval_config
 
         check_eval_config(cfg.eval)
+    if cfg.stage == "iterative":  # the rounds' settings and annotator (cheap objects), before any stage is built
+        visit(cfg.rounds, "rounds")
 
 
 def _root_cause(err: BaseException) -> BaseException:

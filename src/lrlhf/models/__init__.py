@@ -9,6 +9,7 @@ from lrlhf.models.lora import (
     add_adapters,
     export_adapter,
     export_merged,
+    load_adapter_weights,
     lora_target_modules,
     reference_mode,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "export_adapter",
     "export_merged",
     "last_token_index",
+    "load_adapter_weights",
     "load_calibration",
     "load_causal_lm",
     "load_reward_model",

@@ -189,3 +189,26 @@ def export_adapter(model, out_dir: str | Path, adapter: str, tokenizer=None) -> 
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return out_dir
+
+
+def load_adapter_weights(peft_model, folder: str | Path, adapter: str, key: str = "module.init_adapter") -> None:
+    """Load the weights of a saved adapter (:func:`export_adapter`'s folder) into ``peft_model``'s adapter
+    ``adapter`` (same rank and target modules), e.g. to continue a policy where a previous PPO stage left it.
+    ``key``: the config key an error names."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    path = Path(folder) / "adapter_model.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"{key}={folder}: no adapter_model.safetensors there (expected an adapter folder, "
+                                "e.g. a PPO stage's export/adapter)")
+    try:
+        result = set_peft_model_state_dict(peft_model, load_file(path), adapter_name=adapter)
+    except RuntimeError as err:  # a size mismatch: another rank
+        raise ValueError(f"{key}={folder} does not fit the `{adapter}` adapter: {err}") from err
+    missing = [k for k in result.missing_keys if "lora_" in k and f".{adapter}." in k]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{key}={folder} does not fit the `{adapter}` adapter: {len(missing)} of its weights "
+                         f"missing (e.g. {missing[:1]}), {len(result.unexpected_keys)} unexpected "
+                         f"(e.g. {result.unexpected_keys[:1]}); it needs the same target modules and layers")
+

@@ -15,15 +15,17 @@ from dataclasses import dataclass
 import torch
 
 from lrlhf.functional.masks import response_masks
+from lrlhf.models import reference_mode
 from lrlhf.models.reward import RewardCalibration
 from lrlhf.modules.rollout import row_chunks
 
 
 @dataclass
 class ReferenceSamples:
-    """Measure ``(mean, std)`` of the raw RM scores of one response per prompt, sampled from the starting policy
-    (the reference: the policy adapter starts at zero) for the first ``n_prompts`` training prompts, with ``seed``
-    (the run's RNG is left untouched, so the rollouts are those of a run without it)."""
+    """Measure ``(mean, std)`` of the raw RM scores of one response per prompt, sampled from the reference (every
+    adapter off: the policy's start, unless ``module.init_adapter`` continues a saved policy) for the first
+    ``n_prompts`` training prompts, with ``seed`` (the run's RNG is left untouched, so the rollouts are those of a
+    run without it)."""
 
     n_prompts: int = 64
     seed: int = 0
@@ -40,7 +42,8 @@ class ReferenceSamples:
         query_ids, query_mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             torch.manual_seed(self.seed)
-            response_ids = module.sample(query_ids, query_mask).response_ids
+            with reference_mode(module.model):  # the reference, also when the policy starts from a saved adapter
+                response_ids = module.sample(query_ids, query_mask).response_ids
         masks = response_masks(response_ids, module.eos_token_ids, module.pad_token_id)
         scores = torch.cat([module.score(query_ids[rows], query_mask[rows], response_ids[rows],
                                          type(masks)(*(m[rows] for m in masks)))

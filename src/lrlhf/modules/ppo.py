@@ -44,6 +44,7 @@ from lrlhf.models import (
     add_adapters,
     export_adapter,
     export_merged,
+    load_adapter_weights,
     load_causal_lm,
     load_tokenizer,
 )
@@ -85,6 +86,8 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         critic: a :class:`~lrlhf.modules.critic.Critic`; None = a ``ValueAdapter()`` if the estimator needs one.
         kl_controller: a :class:`~lrlhf.functional.KLController`; None = ``FixedKLController()`` (beta 0.05).
         sample_prompts: fixed prompts of the sample table.
+        init_adapter: a saved ``policy`` adapter (a PPO stage's ``export/adapter``) the policy starts from instead
+            of zero, e.g. the previous round of iterative RLHF; the reference stays the base (adapters off).
 
     Hooks to override (small, one job each): :meth:`sample`, :meth:`score`, :meth:`compute_rewards`,
     :meth:`compute_advantages`, :meth:`policy_loss`, :meth:`value_loss`, :meth:`update_kl_controller`.
@@ -101,6 +104,7 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         critic: Critic | None = None,
         kl_controller: KLController | None = None,
         sample_prompts: Sequence[PromptExample | SFTExample] | None = None,
+        init_adapter: str | Path | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -122,6 +126,7 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
             tokenizer = load_tokenizer(self.model_config)
         self.tokenizer = tokenizer
         self.sample_prompts = [as_prompt(p) for p in (sample_prompts or [])]
+        self.init_adapter = init_adapter
         self.rollouts_done = 0
         self._adapter_names: set[str] = set()
         self._precision, self._self_check_pending = None, True
@@ -142,6 +147,8 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         if self.critic is not None:
             self.critic.build(base)  # before the adapters: the head's init draws from the RNG first
         self.model = add_adapters(base, adapters)
+        if self.init_adapter is not None:
+            load_adapter_weights(self.model, self.init_adapter, POLICY)
         # peft's set_adapter leaves only the active adapter trainable; all train here, so remember them (by
         # name: a sharding strategy such as FSDP2 replaces the parameter objects, not their names).
         self._adapter_names = {n for n, _ in self.model.named_parameters() if "lora_" in n}

@@ -157,6 +157,18 @@ def completion_lengths(batch: dict) -> Tensor:
     return batch["lengths"] - batch["prompt_lengths"]
 
 
+def _continued(model: ModelConfig, config: RewardConfig) -> ScalarModel | None:
+    """The reward model of a :meth:`RewardModule.export` folder (its head beside the weights), to train further
+    (e.g. iterative RLHF's next round); None for any other model folder (a causal LM gets a fresh head)."""
+    if not (Path(model.name_or_path) / HEAD_FILE).is_file():
+        return None
+    if config.lora is not None or (Path(model.name_or_path) / ADAPTER_DIR).is_dir():
+        raise ValueError(f"module.model.name_or_path={model.name_or_path} is a reward model; continuing one is "
+                         "supported for a fully fine-tuned RM only (module.config.lora=null): start a LoRA RM from "
+                         "its base instead")
+    return load_reward_model(model.name_or_path, model.dtype).train()
+
+
 class RewardModule(StageOutputs, pl.LightningModule):
     """Bradley–Terry reward model on a causal-LM backbone, full fine-tune or LoRA (adapter ``reward``).
 
@@ -180,7 +192,7 @@ class RewardModule(StageOutputs, pl.LightningModule):
         if isinstance(model, ModelConfig):
             if tokenizer is None and (Path(model.name_or_path) / "tokenizer_config.json").is_file():
                 tokenizer = load_tokenizer(model)
-            model = load_causal_lm(model)
+            model = _continued(model, config) or load_causal_lm(model)
         if not isinstance(model, ScalarModel):
             if config.lora is None:
                 refuse_full_finetuning_if_quantised(model, "module.config.lora", "hparams.rm.lora='{r:16,alpha:32}'")

@@ -177,6 +177,10 @@ def print_summary(summary: dict) -> None:
         print(f"table: {summary['table']} (and {summary['csv']}); plots: {', '.join(summary['plots'].values())}")
         print(f"run folder: {summary['run_dir']}")
         return
+    if summary["stage"] == "iterative":  # the rounds' table (lrlhf.rounds), then the final policy as any PPO's
+        print(summary["table_markdown"])
+        print(f"{len(summary['rounds'])} rounds, {summary['labels_total']} preference labels, "
+              f"{summary['ppo_steps_total']} PPO optimiser steps; table: {summary['table']}, plot: {summary['plot']}")
     for key in [k for k in summary if k.endswith("_minus_sft") and k.startswith(("gold/", "judge/"))]:
         kind, name = key[:-len("_minus_sft")].split("/", 1)  # a policy compared with SFT (its policy_name)
         lo, hi = summary[f"{key}_interval"]

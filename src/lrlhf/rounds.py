@@ -1,0 +1,494 @@
+"""Iterative RLHF (``recipe=iterative_ppo``): label the current policy's samples, refresh the RM, continue PPO.
+
+Round ``r = 1..R`` lives in ``<run folder>/round_<r>/``:
+
+1. ``labels.jsonl``: round 1 takes the first ``rounds.initial_labels`` pairs of the world's ``pref_train`` (labelled
+   on the world's SFT-era candidates); a later round samples ``rounds.samples_per_prompt`` responses of the previous
+   round's policy to each of the next fresh prompts (``pref_train`` prompts round 1 did not use, in file order; never
+   an evaluation prompt), pairs distinct ones (``rounds.pairs_per_prompt`` per prompt) and has the annotator
+   (``rounds.annotator``, :mod:`lrlhf.eval.annotators`) label up to ``rounds.labels_per_round`` of them.
+2. ``rm/``: the reward model (``recipe=rm``) on every round's labels so far (``rounds.replay``: the fraction of an
+   earlier round's labels kept, a seeded subset), from the SFT model (``rounds.rm_init=sft``) or continuing the
+   previous round's (``previous``). The RM stage calibrates it on the world's fixed held-out preference completions,
+   the same in every round, so a calibrated reward of 0 means the same to PPO in every round (mean and std logged).
+3. ``ppo/``: PPO (this recipe's module) with that reward model for ``rounds.ppo_steps`` optimiser steps, from the
+   previous round's policy: its adapter continued on the SFT base, the reference staying SFT
+   (``rounds.reference=sft``), or its merged weights as the new base and reference (``previous``).
+4. ``figures.json``: held-out gold (the world's judge) and the calibrated proxy with bootstrap intervals (the PPO
+   stage's comparison with SFT), KL, labels used, and the reward models' pairwise accuracy on the starting policy's
+   own samples to held-out prompts, judged by the world's judge: the previous round's RM (before the refresh) and
+   this round's (after).
+
+Every step writes atomically and is skipped once done, so ``ckpt_path=last`` resumes a killed run at the round and
+step where it stopped (a PPO stage from its last checkpoint). ``rounds.json``, ``rounds.md`` and ``rounds.png`` (gold
+and proxy across rounds) sum it up; the final policy is ``round_<R>/ppo/export``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from omegaconf import DictConfig, open_dict
+
+from lrlhf.eval.annotators import Pair, preference_record
+from lrlhf.utils.io import atomic_write_text, swap_folder_in
+
+RM_INITS = ("sft", "previous")
+REFERENCES = ("sft", "previous")
+
+
+@dataclass
+class Rounds:
+    """The loop's settings (``rounds.*`` of ``recipe=iterative_ppo``); the annotator is ``rounds.annotator``."""
+
+    n: int = 3
+    """R: rounds, each one RM refresh and one PPO stage."""
+    initial_labels: int = 4000
+    """Pairs of the world's ``pref_train`` the first RM learns from (its first N lines)."""
+    labels_per_round: int = 2000
+    """The labelling budget of each later round (on-policy pairs)."""
+    samples_per_prompt: int = 4
+    """K responses sampled per fresh prompt, of which distinct ones are paired."""
+    pairs_per_prompt: int = 2
+    """Pairs labelled per fresh prompt."""
+    ppo_steps: int | list[int] = 108
+    """Optimiser steps of each round's PPO stage (a multiple of the steps one rollout makes), or one per round."""
+    replay: float = 1.0
+    """Fraction of each earlier round's labels the refreshed RM learns from again (1: the union of all)."""
+    rm_init: str = "sft"
+    """``sft``: each round's RM is trained from the SFT model; ``previous``: it continues the previous round's."""
+    rm_steps: int | None = None
+    """Optimiser steps of each RM stage; null: the RM recipe's (``hparams.rm.max_steps``)."""
+    reference: str = "sft"
+    """``sft``: the policy adapter continues on the SFT base, the reference stays SFT; ``previous``: the previous
+    round's merged policy is the base and the reference."""
+    seed: int = 0
+    """Sampling and replay subsets (the run's ``seed``)."""
+
+    def __post_init__(self):
+        for key in ("n", "samples_per_prompt", "pairs_per_prompt"):
+            least = 2 if key == "samples_per_prompt" else 1
+            if getattr(self, key) < least:
+                raise ValueError(f"rounds.settings.{key} must be >= {least}, got {getattr(self, key)}")
+        steps = self.ppo_steps if isinstance(self.ppo_steps, list) else [self.ppo_steps] * self.n
+        if len(steps) != self.n or min(steps) < 1:
+            raise ValueError(f"rounds.settings.ppo_steps must be one number >= 1 or {self.n} of them (one per round, "
+                             f"rounds.settings.n={self.n}), got {self.ppo_steps}")
+        if self.initial_labels < 1 or self.labels_per_round < 0:
+            raise ValueError(f"rounds.settings.initial_labels must be >= 1 and rounds.settings.labels_per_round >= 0, "
+                             f"got {self.initial_labels} and {self.labels_per_round}")
+        if not 0.0 <= self.replay <= 1.0:
+            raise ValueError(f"rounds.settings.replay must be in [0, 1], got {self.replay}")
+        if self.rm_init not in RM_INITS:
+            raise ValueError(f"rounds.settings.rm_init must be one of {RM_INITS}, got {self.rm_init!r}")
+        if self.reference not in REFERENCES:
+            raise ValueError(f"rounds.settings.reference must be one of {REFERENCES}, got {self.reference!r}")
+        if self.rm_steps is not None and self.rm_steps < 1:
+            raise ValueError(f"rounds.settings.rm_steps must be >= 1 or null, got {self.rm_steps}")
+
+    def steps(self, r: int) -> int:
+        """PPO optimiser steps of round ``r`` (1-based)."""
+        return self.ppo_steps[r - 1] if isinstance(self.ppo_steps, list) else self.ppo_steps
+
+
+# ------------------------------------------------------------------------------------------- labels
+def _key(prompt) -> str:
+    return json.dumps(prompt, sort_keys=True, ensure_ascii=False)
+
+
+def prompt_pool(pref_train: Path, initial_labels: int, eval_prompts: Path) -> tuple[list[dict], list]:
+    """``(initial pair lines, fresh prompts)``: the first ``initial_labels`` lines of ``pref_train`` and, as
+    :class:`~lrlhf.data.records.PromptExample`, the prompts of the other lines that none of those has, in file
+    order, each once (the meta of a pair, e.g. its ``both_bad``, is not the prompt's: only a toy ``task`` is
+    kept). A prompt of ``eval_prompts`` among them is an error (labels never see a held-out prompt)."""
+    from lrlhf.data.formats import load_records
+    from lrlhf.data.records import PromptExample
+
+    lines = [json.loads(line) for line in pref_train.read_text().splitlines() if line.strip()]
+    if len(lines) < initial_labels:
+        raise ValueError(f"rounds.settings.initial_labels={initial_labels}, but {pref_train} holds {len(lines)} pairs")
+    records, _ = load_records(str(pref_train), "preference", verbose=False, drop_identical=False)
+    held_out = {_key(p.prompt) for p in load_records(str(eval_prompts), "prompt", verbose=False)[0]}
+    seen = {_key(r.prompt) for r in records[:initial_labels]}
+    fresh = []
+    for record in records[initial_labels:]:
+        key = _key(record.prompt)
+        if key in held_out:
+            raise ValueError(f"{pref_train}: a preference prompt is also in {eval_prompts}; the rounds would label "
+                             "a held-out prompt")
+        if key not in seen:
+            seen.add(key)
+            meta = {k: v for k, v in record.meta.items() if k == "task"}  # a pair's other fields are not the prompt's
+            fresh.append(PromptExample(record.prompt, meta=meta))
+    return lines[:initial_labels], fresh
+
+
+def on_policy_pairs(model, tokenizer, prompts: list, rounds: Rounds, sampling, round_index: int
+                    ) -> tuple[list[Pair], int]:
+    """``(pairs, prompts used)``: ``labels_per_round`` pairs of distinct responses of ``model`` (fewer only when
+    ``prompts`` run out), at most ``pairs_per_prompt`` per prompt, taken from ``prompts`` in order, in blocks (a
+    prompt whose ``samples_per_prompt`` samples are all one text gives none, so a block may leave the budget short)."""
+    import dataclasses
+
+    from lrlhf.models.generation import generate_responses
+
+    k, budget = rounds.samples_per_prompt, rounds.labels_per_round
+    block = max(1, math.ceil(budget / rounds.pairs_per_prompt))
+    rng = random.Random(f"lrlhf-rounds:{rounds.seed}:{round_index}:pairs")
+    pairs, used = [], 0
+    while len(pairs) < budget and used < len(prompts):
+        chunk = prompts[used:used + block]
+        texts = generate_responses(model, tokenizer, [p for p in chunk for _ in range(k)],
+                                   dataclasses.replace(sampling, seed=sampling.seed + used), batch_size=64)
+        for i, prompt in enumerate(chunk):
+            used += 1
+            distinct = list(dict.fromkeys(texts[i * k:(i + 1) * k]))
+            options = [(a, b) for a in range(len(distinct)) for b in range(a + 1, len(distinct))]
+            for a, b in rng.sample(options, min(rounds.pairs_per_prompt, len(options))):
+                if rng.random() < 0.5:
+                    a, b = b, a
+                pairs.append(Pair(prompt, distinct[a], distinct[b]))
+            if len(pairs) >= budget:
+                break
+    return pairs[:budget], used
+
+
+def replayed(lines: list[dict], fraction: float, seed: str) -> list[dict]:
+    """A seeded subset of ``round(fraction * len(lines))`` lines, in their order."""
+    if fraction >= 1.0:
+        return lines
+    keep = sorted(random.Random(seed).sample(range(len(lines)), round(fraction * len(lines))))
+    return [lines[i] for i in keep]
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------------------ figures
+def _policy(folder: str):
+    from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
+
+    config = ModelConfig(folder)
+    return load_causal_lm(config).eval(), load_tokenizer(config)
+
+
+def rm_scores(rm_folder: Path, prompts: list, texts: list[str]) -> list[float] | None:
+    """Calibrated scores of a fully fine-tuned reward model folder (None for a LoRA RM: not measured here)."""
+    from lrlhf.eval.best_of_n import reward_model_scorer
+    from lrlhf.models import ModelConfig, load_tokenizer
+    from lrlhf.models.reward import ADAPTER_DIR, load_calibration, load_reward_model
+
+    folder = Path(rm_folder)
+    if (folder / ADAPTER_DIR).is_dir():
+        return None
+    scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(str(folder))), 1024)
+    calibration = load_calibration(folder)
+    return [(s - calibration.mean) / calibration.std for s in scorer(prompts, texts)]
+
+
+def pair_accuracy(s_a: list[float], s_b: list[float], u_a: list[float], u_b: list[float]) -> dict:
+    """How often the scores order a pair as the judge's utilities do, on the pairs the judge does not tie, with
+    the 95 % bootstrap interval."""
+    from lrlhf.functional.stats import bootstrap_interval
+
+    hits = [float((x > y) == (ga > gb)) for x, y, ga, gb in zip(s_a, s_b, u_a, u_b, strict=True) if ga != gb]
+    if not hits:
+        return {"accuracy": float("nan"), "interval": [float("nan")] * 2, "pairs": 0}
+    return {"accuracy": sum(hits) / len(hits), "interval": list(bootstrap_interval(hits)), "pairs": len(hits)}
+
+
+def held_out_samples(policy_folder: str, cfg: DictConfig, seed: int) -> dict:
+    """Two samples of the policy per held-out prompt (``eval.prompts``) and the world judge's utility of each."""
+    from lrlhf.data.formats import load_records
+    from lrlhf.eval.judges import resolve_judge, score_responses
+    from lrlhf.models.generation import SamplingConfig, generate_responses
+
+    prompts = load_records(cfg.eval.prompts, "prompt", verbose=False)[0][:cfg.eval.get("max_prompts")]
+    model, tokenizer = _policy(policy_folder)
+    sampling = SamplingConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=1.0, seed=seed)
+    texts = generate_responses(model, tokenizer, [p for p in prompts for _ in range(2)], sampling, batch_size=64,
+                               max_prompt_length=cfg.eval.get("max_prompt_length") or 1024)
+    judge = resolve_judge(cfg.eval.judge, key="eval.judge")
+    return {"a": texts[0::2], "b": texts[1::2], "u_a": score_responses(judge, prompts, texts[0::2]),
+            "u_b": score_responses(judge, prompts, texts[1::2])}
+
+
+def check_start(cfg: DictConfig, run_dir: Path) -> tuple[list[dict], list, int]:
+    """Before any stage is built (the world is): refuse a second launch into a run folder that holds rounds
+    (without ``ckpt_path``) and a prompt pool too small for the rounds. Returns ``prompt_pool``'s two lists and
+    the fresh prompts of a round."""
+    from hydra.utils import instantiate
+
+    rounds: Rounds = instantiate(cfg.rounds.settings, _convert_="all")
+    if cfg.get("ckpt_path") is None and (run_dir / "round_1").exists():
+        raise ValueError(f"{run_dir} holds rounds of an earlier run: resume it with ckpt_path=last, or choose "
+                         "another hydra.run.dir")
+    initial, fresh = prompt_pool(Path(cfg.world.dir) / "pref_train.jsonl", rounds.initial_labels,
+                                 Path(cfg.eval.prompts))
+    per_round = math.ceil(rounds.labels_per_round / rounds.pairs_per_prompt)
+    if (rounds.n - 1) * per_round > len(fresh):
+        raise ValueError(f"rounds: {rounds.n - 1} later rounds x {per_round} fresh prompts (rounds.settings."
+                         f"labels_per_round / pairs_per_prompt) need {(rounds.n - 1) * per_round}, but pref_train has "
+                         f"{len(fresh)} prompts beyond its first rounds.settings.initial_labels={rounds.initial_labels}"
+                         " pairs")
+    return initial, fresh, per_round
+
+
+# ---------------------------------------------------------------------------------------------- loop
+class RoundLoop:
+    """Runs the rounds of ``cfg`` (see the module docstring) in ``run_dir``.
+
+    ``run_stage(cfg, out_dir, final_dir)`` trains one stage (the CLI's); ``compose(recipe, overrides)`` composes
+    another recipe's config with the run's shared overrides (the RM stage's)."""
+
+    def __init__(self, cfg: DictConfig, run_dir: Path, run_stage: Callable, compose: Callable):
+        from hydra.utils import instantiate
+
+        self.cfg, self.run_dir, self.run_stage, self.compose = cfg, run_dir, run_stage, compose
+        self.rounds: Rounds = instantiate(cfg.rounds.settings, _convert_="all")
+        self.annotator = instantiate(cfg.rounds.annotator, _convert_="all")
+        self.resuming = cfg.get("ckpt_path") is not None
+
+    def folder(self, r: int) -> Path:
+        return self.run_dir / f"round_{r}"
+
+    def run(self) -> dict:
+        rounds = self.rounds
+        initial, fresh, _ = check_start(self.cfg, self.run_dir)
+        rows = []
+        for r in range(1, rounds.n + 1):
+            self.folder(r).mkdir(parents=True, exist_ok=True)
+            labels = self.labels(r, initial, fresh)
+            rm = self.reward_model(r)
+            ppo = self.ppo(r, rm)
+            rows.append(self.figures(r, labels, rm, ppo))
+        return self.report(rows)
+
+    # ----------------------------------------------------------------- the steps of a round
+    def policy_folder(self, r: int) -> str:
+        """The policy round ``r`` starts from, merged (round 1: SFT)."""
+        return f"{self.cfg.deps.sft}/merged" if r == 1 else str(self.folder(r - 1) / "ppo" / "export" / "merged")
+
+    def labels(self, r: int, initial: list[dict], fresh: list) -> list[dict]:
+        """Round ``r``'s labelled pairs (``labels.jsonl``; ``labelling.json``: which fresh prompts it used, from where
+        the previous round stopped)."""
+        path = self.folder(r) / "labels.jsonl"
+        if path.is_file():
+            return _read_jsonl(path)
+        if r == 1:
+            rows = [{**line, "round": 1} for line in initial]
+            used = {"prompts_from": 0, "prompts_to": 0}
+        else:
+            from lrlhf.models.generation import SamplingConfig
+
+            start = json.loads((self.folder(r - 1) / "labelling.json").read_text())["prompts_to"]
+            model, tokenizer = _policy(self.policy_folder(r))
+            sampling = SamplingConfig(max_new_tokens=self.cfg.module.config.max_new_tokens, temperature=1.0,
+                                      seed=self.rounds.seed * 1000 + r)
+            pairs, n = on_policy_pairs(model, tokenizer, fresh[start:], self.rounds, sampling, r)
+            if len(pairs) < self.rounds.labels_per_round:
+                print(f"warning: round {r}: {len(pairs)} pairs to label, fewer than rounds.settings.labels_per_round="
+                      f"{self.rounds.labels_per_round}: the fresh prompts ran out ({len(fresh)} beyond the initial "
+                      "labels)")
+            labels = self.annotator.label(pairs, r)
+            rows = [preference_record(p, lab, round=r) for p, lab in zip(pairs, labels, strict=True) if lab is not None]
+            used = {"prompts_from": start, "prompts_to": start + n}
+        atomic_write_text(self.folder(r) / "labelling.json", json.dumps({**used, "pairs": len(rows)}) + "\n")
+        _write_jsonl(path, rows)
+        return rows
+
+    def reward_model(self, r: int) -> Path:
+        out = self.folder(r) / "rm"
+        if (out / "summary.json").is_file():
+            return out
+        train = []
+        for earlier in range(1, r + 1):
+            lines = _read_jsonl(self.folder(earlier) / "labels.jsonl")
+            train += lines if earlier == r else replayed(lines, self.rounds.replay, f"{self.rounds.seed}:{r}:{earlier}")
+        _write_jsonl(self.folder(r) / "rm_train.jsonl", train)
+        overrides = [f"data.train={self.folder(r) / 'rm_train.jsonl'}", "logger=none"]
+        if self.rounds.rm_steps is not None:
+            overrides.append(f"trainer.max_steps={self.rounds.rm_steps}")
+        if self.rounds.rm_init == "previous" and r > 1:
+            overrides.append(f"module.model.name_or_path={self.folder(r - 1) / 'rm' / 'model'}")
+        sub = self.compose("rm", overrides)
+        with open_dict(sub):
+            sub.world.dir, sub.deps, sub.logger = self.cfg.world.dir, {"sft": self.cfg.deps.sft}, None
+        building = self.folder(r) / ".rm.building"
+        shutil.rmtree(building, ignore_errors=True)
+        self._stage(_at(sub, building), building, out)
+        swap_folder_in(building, out)
+        return out
+
+    def ppo(self, r: int, rm: Path) -> Path:
+        out = self.folder(r) / "ppo"
+        if (out / "summary.json").is_file():
+            return out
+        sub = self.cfg.copy()
+        with open_dict(sub):
+            sub.stage = "ppo"
+            sub.deps.rm = str(rm)
+            sub.trainer.max_steps = self.rounds.steps(r)
+            sub.data.seed = self.cfg.seed * 1000 + r  # another prompt order each round
+            sub.ckpt_path = "last" if self.resuming and (out / "checkpoints" / "last.ckpt").exists() else None
+            if r > 1 and self.rounds.reference == "sft":
+                sub.module.init_adapter = str(self.folder(r - 1) / "ppo" / "export" / "adapter")
+            elif r > 1:
+                sub.module.policy.name_or_path = self.policy_folder(r)
+            del sub["rounds"]
+        sub = _at(sub, out)
+        if sub.ckpt_path is None:
+            shutil.rmtree(out, ignore_errors=True)  # a start that left no checkpoint
+        else:
+            from lrlhf.planning import check_resume
+
+            check_resume(sub)
+        self._stage(sub, out, out)
+        return out
+
+    def _stage(self, sub: DictConfig, out: Path, final: Path) -> None:
+        """``run_stage``; a stop on a signal names this run's folder to resume (the rounds resume as a whole)."""
+        try:
+            self.run_stage(sub, out, final)
+        except SystemExit as stop:
+            if hasattr(stop, "run_dir") and hasattr(stop, "resume_key"):  # lrlhf.callbacks.TrainingStopped
+                stop.run_dir, stop.resume_key = str(self.run_dir), "last"
+            raise
+
+    def samples(self, r: int) -> dict:
+        """Round ``r``'s final policy's held-out samples, judged (``r = 0``: SFT), cached in the run folder."""
+        path = self.run_dir / "heldout_samples" / f"policy_{r}.json"
+        if not path.is_file():
+            folder = f"{self.cfg.deps.sft}/merged" if r == 0 else str(self.folder(r) / "ppo" / "export" / "merged")
+            path.parent.mkdir(exist_ok=True)
+            atomic_write_text(path, json.dumps(held_out_samples(folder, self.cfg, seed=self.cfg.seed + 7919)) + "\n")
+        return json.loads(path.read_text())
+
+    def figures(self, r: int, labels: list[dict], rm: Path, ppo: Path) -> dict:
+        """Round ``r``'s row: labels, the RM's calibration, the PPO stage's held-out comparison with SFT and KL, and on
+        held-out samples judged by the world's judge: the proxy (calibrated RM score) of the round's policy and the
+        round's RM's pairwise accuracy on the samples of the policy it was refreshed for (``rm_accuracy_after``) and
+        of the policy PPO made with it (``rm_accuracy_end``: the next round's ``before``)."""
+        from lrlhf.data.formats import load_records
+        from lrlhf.functional.stats import bootstrap_interval
+
+        path = self.folder(r) / "figures.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+        summary = json.loads((ppo / "summary.json").read_text())
+        calibration = json.loads((rm / "model" / "reward_calibration.json").read_text())
+        row = {"round": r, "labels": len(labels), "ppo_steps": self.rounds.steps(r),
+               "calibration": {k: calibration.get(k) for k in ("mean", "std")},
+               **{k: summary[k] for k in summary if k.startswith(("gold/", "judge/", "chosen/", "rollout/", "kl/"))}}
+        prompts = load_records(self.cfg.eval.prompts, "prompt", verbose=False)[0][:self.cfg.eval.get("max_prompts")]
+        start, end = self.samples(r - 1), self.samples(r)
+        for name, s in (("after", start), ("end", end)):
+            s_a, s_b = rm_scores(rm / "model", prompts, s["a"]), rm_scores(rm / "model", prompts, s["b"])
+            if s_a is None:
+                row[f"rm_accuracy_{name}"] = None
+                continue
+            row[f"rm_accuracy_{name}"] = pair_accuracy(s_a, s_b, s["u_a"], s["u_b"])
+            if name == "end":
+                per_prompt = [(x + y) / 2 for x, y in zip(s_a, s_b, strict=True)]
+                row["proxy"] = sum(per_prompt) / len(per_prompt)
+                row["proxy_interval"] = list(bootstrap_interval(per_prompt))
+        gold = [(x + y) / 2 for x, y in zip(end["u_a"], end["u_b"], strict=True)]
+        row["judge_samples"], row["judge_samples_interval"] = sum(gold) / len(gold), list(bootstrap_interval(gold))
+        if r > 1:
+            row["rm_accuracy_before"] = json.loads((self.folder(r - 1) / "figures.json").read_text())["rm_accuracy_end"]
+        atomic_write_text(path, json.dumps(row, indent=2, default=str) + "\n")
+        return row
+
+    def report(self, rows: list[dict]) -> dict:
+        total = 0
+        for row in rows:
+            total += row["labels"]
+            row["labels_total"] = total
+        final = self.folder(self.rounds.n) / "ppo"
+        summary = json.loads((final / "summary.json").read_text())
+        out = {"stage": "iterative", "run_dir": str(self.run_dir), "rounds": rows, "labels_total": total,
+               "ppo_steps_total": sum(self.rounds.steps(r) for r in range(1, self.rounds.n + 1)),
+               "export": str(final / "export"),
+               **{k: v for k, v in summary.items() if k.startswith(("gold/", "judge/"))}}
+        out.update(write_report(rows, self.run_dir))
+        atomic_write_text(self.run_dir / "summary.json", json.dumps(out, indent=2, default=str) + "\n")
+        return out
+
+
+def _fmt(value, interval=None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+
+
+def write_report(rows: list[dict], run_dir: Path) -> dict:
+    """``rounds.json``, ``rounds.md`` (one row per round) and ``rounds.png`` (judge and proxy across rounds)."""
+    kind = "gold" if any("gold/ppo" in row for row in rows) else "judge"
+    lines = [f"| round | labels (total) | PPO steps | held-out {kind} [95% CI] | {kind} - SFT [95% CI] "
+             "| proxy [95% CI] | KL (seq) | RM acc. before refresh | RM acc. after | RM acc. on its PPO policy "
+             "| RM calibration (mean, std) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+
+    def acc(value):
+        return "-" if not value else _fmt(value["accuracy"], value["interval"])
+
+    for row in rows:
+        cal = row["calibration"]
+        lines.append(
+            f"| {row['round']} | {row['labels']} ({row['labels_total']}) | {row['ppo_steps']} "
+            f"| {_fmt(row.get(f'{kind}/ppo'), row.get(f'{kind}/ppo_interval'))} "
+            f"| {_fmt(row.get(f'{kind}/ppo_minus_sft'), row.get(f'{kind}/ppo_minus_sft_interval'))} "
+            f"| {_fmt(row.get('proxy'), row.get('proxy_interval'))} | {_fmt(row.get('rollout/kl_seq'))} "
+            f"| {acc(row.get('rm_accuracy_before'))} | {acc(row.get('rm_accuracy_after'))} "
+            f"| {acc(row.get('rm_accuracy_end'))} | {_fmt(cal.get('mean'))}, {_fmt(cal.get('std'))} |")
+    table = "\n".join(lines) + "\n"
+    atomic_write_text(run_dir / "rounds.json", json.dumps(rows, indent=2, default=str) + "\n")
+    atomic_write_text(run_dir / "rounds.md", table)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    x = [row["round"] for row in rows]
+    ax.plot(x, [row.get(f"{kind}/ppo", float("nan")) for row in rows], "o-", label=f"held-out {kind}")
+    ax.set_xlabel("round")
+    ax.set_ylabel(f"held-out {kind}")
+    ax.set_xticks(x)
+    twin = ax.twinx()
+    twin.plot(x, [row.get("proxy", float("nan")) for row in rows], "s--", color="tab:orange",
+              label="proxy (calibrated)")
+    twin.set_ylabel("proxy (calibrated RM score)")
+    fig.legend(loc="lower right")
+    fig.tight_layout()
+    plot = run_dir / "rounds.png"
+    fig.savefig(plot, dpi=120)
+    plt.close(fig)
+    return {"table": str(run_dir / "rounds.md"), "table_markdown": table, "plot": str(plot)}
+
+
+def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:
+    cfg = cfg.copy()
+    with open_dict(cfg):
+        cfg.paths.run_dir = str(out_dir)
+    return cfg
+
+
+def run_rounds(cfg: DictConfig, run_dir: Path, run_stage: Callable, compose: Callable) -> dict:
+    """:class:`RoundLoop` ``(cfg, run_dir, run_stage, compose).run()``."""
+    return RoundLoop(cfg, run_dir, run_stage, compose).run()
+
+
+__all__ = ["RoundLoop", "Rounds", "held_out_samples", "on_policy_pairs", "pair_accuracy", "prompt_pool", "replayed",
+           "rm_scores", "run_rounds"]
