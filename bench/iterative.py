@@ -1,11 +1,12 @@
 """Iterative RLHF against single-round PPO at equal labels and optimiser steps (issue #17).
 
-    python bench/iterative.py --baseline RUN --iterative RUN [--threads 1]
+    python bench/iterative.py --runs SINGLE_RUN:ITERATIVE_RUN [SINGLE_RUN:ITERATIVE_RUN ...] [--threads 1]
 
-RUN folders: a ``recipe=ppo_lora`` run and a ``recipe=iterative_ppo`` run of the same world and seed. Prints both
-policies' held-out gold (4 samples per prompt, the same seed for both) and the paired difference iterative - single
-with its 95 % prompt-bootstrap interval, and each final reward model's pairwise accuracy (against gold) on its own
-final policy's samples: where the RM stands when PPO stops optimising it.
+Each pair: a ``recipe=ppo_lora`` run folder and a ``recipe=iterative_ppo`` one of the same world and seed. For each,
+both final policies' held-out gold (4 samples per prompt at temperature 1, the same sampling seed for both), the
+paired difference iterative - single with its 95 % prompt-bootstrap interval, and each final reward model's
+pairwise accuracy against gold on its own final policy's held-out samples (where the RM stands when PPO stops
+optimising it). With several pairs (seeds), the difference pooled over all their prompts too.
 """
 
 from __future__ import annotations
@@ -17,47 +18,65 @@ from pathlib import Path
 
 import torch
 
+N_SAMPLES = 4
+
+
+def _gold_per_prompt(folder: str, prompts: list, seed: int) -> list[float]:
+    from lrlhf.data.toy import gold_utility
+    from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
+    from lrlhf.models.generation import SamplingConfig, generate_responses
+
+    config = ModelConfig(folder)
+    texts = generate_responses(load_causal_lm(config).eval(), load_tokenizer(config),
+                               [p for p in prompts for _ in range(N_SAMPLES)],
+                               SamplingConfig(max_new_tokens=32, temperature=1.0, seed=seed), batch_size=64)
+    gold = [gold_utility(p.meta["task"], t) for p, t in zip([p for p in prompts for _ in range(N_SAMPLES)], texts,
+                                                            strict=True)]
+    return [sum(gold[i:i + N_SAMPLES]) / N_SAMPLES for i in range(0, len(gold), N_SAMPLES)]
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--baseline", required=True, type=Path)
-    parser.add_argument("--iterative", required=True, type=Path)
+    parser.add_argument("--runs", nargs="+", required=True, help="SINGLE_RUN:ITERATIVE_RUN, one per seed")
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the sampling seed of the comparison")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     from omegaconf import OmegaConf
 
-    from lrlhf.eval import compare_with_sft
-    from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
-    from lrlhf.rounds import held_out_samples, pair_accuracy, rm_scores
-
-    base_cfg = OmegaConf.load(args.baseline / "config.yaml")
-    it_summary = json.loads((args.iterative / "summary.json").read_text())
-    prompts = base_cfg.eval.prompts
-    single = str(args.baseline / "export" / "merged")
-    iterative = str(Path(it_summary["export"]) / "merged")
-    tokenizer = load_tokenizer(ModelConfig(single))
-    model, baseline = (load_causal_lm(ModelConfig(p)).eval() for p in (iterative, single))
-    figures = compare_with_sft(model, baseline, tokenizer, prompts, "iterative", n_samples=4, temperature=1.0,
-                               max_new_tokens=32, seed=args.seed)
-    lo, hi = figures["gold/iterative_minus_sft_interval"]
-    print(f"threads {args.threads}; held-out prompts {prompts}")
-    print(f"single-round PPO gold {figures['gold/sft']:.3f}, iterative {figures['gold/iterative']:.3f}; "
-          f"iterative - single {figures['gold/iterative_minus_sft']:+.3f} "
-          f"(95% paired bootstrap [{lo:+.3f}, {hi:+.3f}])")
     from lrlhf.data.formats import load_records
+    from lrlhf.functional.stats import bootstrap_interval
+    from lrlhf.rounds import held_out_prompts, held_out_samples, pair_accuracy, rm_scores
 
-    records = load_records(prompts, "prompt", verbose=False)[0]
-    last_rm = args.iterative / f"round_{len(it_summary['rounds'])}" / "rm" / "model"
-    for name, policy, rm in (("single", single, base_cfg.module.reward_model), ("iterative", iterative, last_rm)):
-        s = held_out_samples(policy, base_cfg, seed=args.seed + 7919)
-        acc = pair_accuracy(rm_scores(rm, records, s["a"]), rm_scores(rm, records, s["b"]), s["u_a"], s["u_b"])
-        lo, hi = acc["interval"]
-        print(f"{name}: final RM's accuracy on its final policy's samples {acc['accuracy']:.3f} [{lo:.3f}, {hi:.3f}] "
-              f"({acc['pairs']} pairs the gold does not tie)")
-    print(json.dumps(figures, default=str))
+    print(f"threads {args.threads}; {N_SAMPLES} samples per held-out prompt, sampling seed {args.seed}")
+    pooled = []
+    for pair in args.runs:
+        single_run, iterative_run = (Path(p) for p in pair.split(":"))
+        cfg = OmegaConf.load(single_run / "config.yaml")
+        summary = json.loads((iterative_run / "summary.json").read_text())
+        prompts = load_records(cfg.eval.prompts, "prompt", verbose=False)[0]
+        single, iterative = str(single_run / "export" / "merged"), str(Path(summary["export"]) / "merged")
+        g_single, g_iter = (_gold_per_prompt(p, prompts, args.seed) for p in (single, iterative))
+        diff = [b - a for a, b in zip(g_single, g_iter, strict=True)]
+        pooled += diff
+        lo, hi = bootstrap_interval(diff)
+        print(f"\nworld seed {cfg.seed} ({len(prompts)} held-out prompts): single-round PPO gold "
+              f"{sum(g_single) / len(g_single):.3f}, iterative {sum(g_iter) / len(g_iter):.3f}; iterative - single "
+              f"{sum(diff) / len(diff):+.3f} (95% paired bootstrap [{lo:+.3f}, {hi:+.3f}]); labels "
+              f"{summary['labels_total']}, PPO steps {summary['ppo_steps_total']}")
+        last_rm = iterative_run / f"round_{len(summary['rounds'])}" / "rm" / "model"
+        records = held_out_prompts(cfg)
+        for name, policy, rm in (("single", single, cfg.module.reward_model), ("iterative", iterative, last_rm)):
+            s = held_out_samples(policy, cfg, seed=args.seed + 7919)
+            acc = pair_accuracy(rm_scores(rm, records, s["a"]), rm_scores(rm, records, s["b"]), s["u_a"], s["u_b"])
+            lo, hi = acc["interval"]
+            print(f"  {name}: final RM's accuracy on its final policy's samples {acc['accuracy']:.3f} "
+                  f"[{lo:.3f}, {hi:.3f}] ({acc['pairs']} pairs the gold does not tie)")
+    if len(args.runs) > 1:
+        lo, hi = bootstrap_interval(pooled)
+        print(f"\npooled over {len(args.runs)} seeds ({len(pooled)} prompts): iterative - single "
+              f"{sum(pooled) / len(pooled):+.3f} (95% paired bootstrap [{lo:+.3f}, {hi:+.3f}])")
 
 
 if __name__ == "__main__":

@@ -47,17 +47,17 @@ REFERENCES = ("sft", "previous")
 class Rounds:
     """The loop's settings (``rounds.*`` of ``recipe=iterative_ppo``); the annotator is ``rounds.annotator``."""
 
-    n: int = 3
+    n: int = 2
     """R: rounds, each one RM refresh and one PPO stage."""
-    initial_labels: int = 4000
+    initial_labels: int = 6000
     """Pairs of the world's ``pref_train`` the first RM learns from (its first N lines)."""
     labels_per_round: int = 2000
     """The labelling budget of each later round (on-policy pairs)."""
-    samples_per_prompt: int = 4
+    samples_per_prompt: int = 8
     """K responses sampled per fresh prompt, of which distinct ones are paired."""
-    pairs_per_prompt: int = 2
-    """Pairs labelled per fresh prompt."""
-    ppo_steps: int | list[int] = 108
+    pairs_per_prompt: int = 4
+    """Pairs labelled per fresh prompt (at most)."""
+    ppo_steps: int | list[int] = 160
     """Optimiser steps of each round's PPO stage (a multiple of the steps one rollout makes), or one per round."""
     replay: float = 1.0
     """Fraction of each earlier round's labels the refreshed RM learns from again (1: the union of all)."""
@@ -183,15 +183,14 @@ def _policy(folder: str):
     return load_causal_lm(config).eval(), load_tokenizer(config)
 
 
-def rm_scores(rm_folder: Path, prompts: list, texts: list[str]) -> list[float] | None:
-    """Calibrated scores of a fully fine-tuned reward model folder (None for a LoRA RM: not measured here)."""
+def rm_scores(rm_folder: Path, prompts: list, texts: list[str]) -> list[float]:
+    """Calibrated scores of the reward model in ``rm_folder`` (:meth:`RewardModule.export`'s: a LoRA RM's folder
+    holds its merged weights too)."""
     from lrlhf.eval.best_of_n import reward_model_scorer
     from lrlhf.models import ModelConfig, load_tokenizer
-    from lrlhf.models.reward import ADAPTER_DIR, load_calibration, load_reward_model
+    from lrlhf.models.reward import load_calibration, load_reward_model
 
     folder = Path(rm_folder)
-    if (folder / ADAPTER_DIR).is_dir():
-        return None
     scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(str(folder))), 1024)
     calibration = load_calibration(folder)
     return [(s - calibration.mean) / calibration.std for s in scorer(prompts, texts)]
@@ -208,13 +207,17 @@ def pair_accuracy(s_a: list[float], s_b: list[float], u_a: list[float], u_b: lis
     return {"accuracy": sum(hits) / len(hits), "interval": list(bootstrap_interval(hits)), "pairs": len(hits)}
 
 
+#: Pairs of samples per held-out prompt in the rounds' figures (4 samples: pairs (1, 2) and (3, 4)).
+HELD_OUT_PAIRS = 2
+
+
 def held_out_samples(policy_folder: str, cfg: DictConfig, seed: int) -> dict:
-    """Two samples of the policy per held-out prompt (``eval.prompts``) and the world judge's utility of each."""
-    from lrlhf.data.formats import load_records
+    """``2 * HELD_OUT_PAIRS`` samples of the policy per held-out prompt (``eval.prompts``) as pairs ``a[i]``,
+    ``b[i]`` (pair ``i`` belongs to prompt ``i // HELD_OUT_PAIRS``), and the world judge's utility of each."""
     from lrlhf.eval.judges import resolve_judge, score_responses
     from lrlhf.models.generation import SamplingConfig, generate_responses
 
-    prompts = load_records(cfg.eval.prompts, "prompt", verbose=False)[0][:cfg.eval.get("max_prompts")]
+    prompts = held_out_prompts(cfg)
     model, tokenizer = _policy(policy_folder)
     sampling = SamplingConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=1.0, seed=seed)
     texts = generate_responses(model, tokenizer, [p for p in prompts for _ in range(2)], sampling, batch_size=64,
@@ -222,6 +225,20 @@ def held_out_samples(policy_folder: str, cfg: DictConfig, seed: int) -> dict:
     judge = resolve_judge(cfg.eval.judge, key="eval.judge")
     return {"a": texts[0::2], "b": texts[1::2], "u_a": score_responses(judge, prompts, texts[0::2]),
             "u_b": score_responses(judge, prompts, texts[1::2])}
+
+
+def held_out_prompts(cfg: DictConfig) -> list:
+    """The held-out prompts, each ``HELD_OUT_PAIRS`` times (one per pair of :func:`held_out_samples`)."""
+    from lrlhf.data.formats import load_records
+
+    prompts = load_records(cfg.eval.prompts, "prompt", verbose=False)[0][:cfg.eval.get("max_prompts")]
+    return [p for p in prompts for _ in range(HELD_OUT_PAIRS)]
+
+
+def _per_prompt(values: list[float]) -> list[float]:
+    """The mean of each prompt's ``HELD_OUT_PAIRS`` consecutive values (the prompt is the bootstrap's unit)."""
+    k = HELD_OUT_PAIRS
+    return [sum(values[i:i + k]) / k for i in range(0, len(values), k)]
 
 
 def check_start(cfg: DictConfig, run_dir: Path) -> tuple[list[dict], list, int]:
@@ -380,7 +397,6 @@ class RoundLoop:
         held-out samples judged by the world's judge: the proxy (calibrated RM score) of the round's policy and the
         round's RM's pairwise accuracy on the samples of the policy it was refreshed for (``rm_accuracy_after``) and
         of the policy PPO made with it (``rm_accuracy_end``: the next round's ``before``)."""
-        from lrlhf.data.formats import load_records
         from lrlhf.functional.stats import bootstrap_interval
 
         path = self.folder(r) / "figures.json"
@@ -391,19 +407,16 @@ class RoundLoop:
         row = {"round": r, "labels": len(labels), "ppo_steps": self.rounds.steps(r),
                "calibration": {k: calibration.get(k) for k in ("mean", "std")},
                **{k: summary[k] for k in summary if k.startswith(("gold/", "judge/", "chosen/", "rollout/", "kl/"))}}
-        prompts = load_records(self.cfg.eval.prompts, "prompt", verbose=False)[0][:self.cfg.eval.get("max_prompts")]
+        prompts = held_out_prompts(self.cfg)
         start, end = self.samples(r - 1), self.samples(r)
         for name, s in (("after", start), ("end", end)):
             s_a, s_b = rm_scores(rm / "model", prompts, s["a"]), rm_scores(rm / "model", prompts, s["b"])
-            if s_a is None:
-                row[f"rm_accuracy_{name}"] = None
-                continue
             row[f"rm_accuracy_{name}"] = pair_accuracy(s_a, s_b, s["u_a"], s["u_b"])
             if name == "end":
-                per_prompt = [(x + y) / 2 for x, y in zip(s_a, s_b, strict=True)]
+                per_prompt = _per_prompt([(x + y) / 2 for x, y in zip(s_a, s_b, strict=True)])
                 row["proxy"] = sum(per_prompt) / len(per_prompt)
                 row["proxy_interval"] = list(bootstrap_interval(per_prompt))
-        gold = [(x + y) / 2 for x, y in zip(end["u_a"], end["u_b"], strict=True)]
+        gold = _per_prompt([(x + y) / 2 for x, y in zip(end["u_a"], end["u_b"], strict=True)])
         row["judge_samples"], row["judge_samples_interval"] = sum(gold) / len(gold), list(bootstrap_interval(gold))
         if r > 1:
             row["rm_accuracy_before"] = json.loads((self.folder(r - 1) / "figures.json").read_text())["rm_accuracy_end"]
@@ -415,12 +428,21 @@ class RoundLoop:
         for row in rows:
             total += row["labels"]
             row["labels_total"] = total
+        from lrlhf.functional.stats import bootstrap_interval
+
         final = self.folder(self.rounds.n) / "ppo"
-        summary = json.loads((final / "summary.json").read_text())
         out = {"stage": "iterative", "run_dir": str(self.run_dir), "rounds": rows, "labels_total": total,
                "ppo_steps_total": sum(self.rounds.steps(r) for r in range(1, self.rounds.n + 1)),
-               "export": str(final / "export"),
-               **{k: v for k, v in summary.items() if k.startswith(("gold/", "judge/"))}}
+               "export": str(final / "export")}
+        # the final policy against SFT on the same held-out prompts (whatever each round's reference was)
+        kind = "gold" if self.cfg.eval.judge == "toy_gold" else "judge"
+        sft, last = self.samples(0), self.samples(self.rounds.n)
+        u_sft, u_last = (_per_prompt([(x + y) / 2 for x, y in zip(s["u_a"], s["u_b"], strict=True)])
+                         for s in (sft, last))
+        diff = [b - a for a, b in zip(u_sft, u_last, strict=True)]
+        for name, values in (("sft", u_sft), ("iterative", u_last), ("iterative_minus_sft", diff)):
+            out[f"{kind}/{name}"] = sum(values) / len(values)
+            out[f"{kind}/{name}_interval"] = list(bootstrap_interval(values))
         out.update(write_report(rows, self.run_dir))
         atomic_write_text(self.run_dir / "summary.json", json.dumps(out, indent=2, default=str) + "\n")
         return out
@@ -435,7 +457,7 @@ def _fmt(value, interval=None) -> str:
 def write_report(rows: list[dict], run_dir: Path) -> dict:
     """``rounds.json``, ``rounds.md`` (one row per round) and ``rounds.png`` (judge and proxy across rounds)."""
     kind = "gold" if any("gold/ppo" in row for row in rows) else "judge"
-    lines = [f"| round | labels (total) | PPO steps | held-out {kind} [95% CI] | {kind} - SFT [95% CI] "
+    lines = [f"| round | labels (total) | PPO steps | held-out {kind} [95% CI] | {kind} - reference [95% CI] "
              "| proxy [95% CI] | KL (seq) | RM acc. before refresh | RM acc. after | RM acc. on its PPO policy "
              "| RM calibration (mean, std) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
