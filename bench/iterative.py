@@ -46,8 +46,8 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from lrlhf.data.formats import load_records
+    from lrlhf.eval.rounds import held_out_prompts, held_out_samples, pair_accuracy, rm_scores
     from lrlhf.functional.stats import bootstrap_interval
-    from lrlhf.rounds import held_out_prompts, held_out_samples, pair_accuracy, rm_scores
 
     print(f"threads {args.threads}; {N_SAMPLES} samples per held-out prompt, sampling seed {args.seed}")
     pooled = []

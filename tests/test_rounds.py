@@ -89,6 +89,8 @@ def test_file_exchange_and_resume_mid_round_equal_an_uninterrupted_run(tmp_path)
     assert (split / "round_1" / "ppo" / "summary.json").is_file() and not (split / "round_2" / "rm").exists()
     rows = _jsonl(to_label)
     assert [r["id"] for r in rows] == list(range(len(rows))) and all(r["label"] is None for r in rows)
+    drawn = _jsonl(split / "round_2" / "pairs.jsonl")  # kept: the resumed round labels these, never a new draw
+    assert [(p["a"], p["b"]) for p in drawn] == [(r["chosen"][0]["content"], r["rejected"][0]["content"]) for r in rows]
     # a person labels (here by the straight run's rule), in another order, through the labelled file
     labelled = [{**r, "label": {1.0: 1, 0.0: 0, 0.5: 0.5}[_prefer(r)]} for r in reversed(rows)]
     (split / "labelling" / "round_2.labelled.jsonl").write_text("".join(json.dumps(r) + "\n" for r in labelled))

@@ -1,23 +1,24 @@
 """Iterative RLHF (``recipe=iterative_ppo``): label the current policy's samples, refresh the RM, continue PPO.
 
-Round ``r = 1..R`` lives in ``<run folder>/round_<r>/``:
+Round ``r = 1..R`` (``rounds.settings.n``) lives in ``<run folder>/round_<r>/``; the settings are
+``rounds.settings.*`` (:class:`Rounds`), the annotator ``rounds.annotator`` (:mod:`lrlhf.eval.annotators`):
 
-1. ``labels.jsonl``: round 1 takes the first ``rounds.initial_labels`` pairs of the world's ``pref_train`` (labelled
-   on the world's SFT-era candidates); a later round samples ``rounds.samples_per_prompt`` responses of the previous
-   round's policy to each of the next fresh prompts (``pref_train`` prompts round 1 did not use, in file order; never
-   an evaluation prompt), pairs distinct ones (``rounds.pairs_per_prompt`` per prompt) and has the annotator
-   (``rounds.annotator``, :mod:`lrlhf.eval.annotators`) label up to ``rounds.labels_per_round`` of them.
-2. ``rm/``: the reward model (``recipe=rm``) on every round's labels so far (``rounds.replay``: the fraction of an
-   earlier round's labels kept, a seeded subset), from the SFT model (``rounds.rm_init=sft``) or continuing the
-   previous round's (``previous``). The RM stage calibrates it on the world's fixed held-out preference completions,
-   the same in every round, so a calibrated reward of 0 means the same to PPO in every round (mean and std logged).
-3. ``ppo/``: PPO (this recipe's module) with that reward model for ``rounds.ppo_steps`` optimiser steps, from the
-   previous round's policy: its adapter continued on the SFT base, the reference staying SFT
-   (``rounds.reference=sft``), or its merged weights as the new base and reference (``previous``).
-4. ``figures.json``: held-out gold (the world's judge) and the calibrated proxy with bootstrap intervals (the PPO
-   stage's comparison with SFT), KL, labels used, and the reward models' pairwise accuracy on the starting policy's
-   own samples to held-out prompts, judged by the world's judge: the previous round's RM (before the refresh) and
-   this round's (after).
+1. ``labels.jsonl``: round 1 takes the first ``initial_labels`` pairs of the world's ``pref_train`` (labelled on the
+   world's SFT-era candidates). A later round first draws its pairs (``pairs.jsonl``): ``samples_per_prompt``
+   responses of the previous round's policy to each next fresh prompt (``pref_train`` prompts round 1 did not use, in
+   file order, from where the previous round stopped; never an evaluation prompt), distinct ones paired
+   (``pairs_per_prompt`` per prompt), until ``labels_per_round`` pairs; then the annotator labels them.
+2. ``rm/``: the reward model (``recipe=rm``) on every round's labels so far (``replay``: the fraction of an earlier
+   round's labels kept, a seeded subset), from the SFT model (``rm_init=sft``) or continuing the previous round's
+   (``previous``). The RM stage calibrates it on the world's fixed held-out preference completions, the same in every
+   round, so a calibrated reward of 0 means the same to PPO in every round (mean and std logged).
+3. ``ppo/``: PPO (this recipe's module) with that reward model for ``ppo_steps`` optimiser steps, from the previous
+   round's policy: its adapter continued on the SFT base, the reference staying SFT (``reference=sft``), or its
+   merged weights as the new base and reference (``previous``).
+4. ``figures.json``: held-out gold (the world's judge) and the PPO stage's comparison with its reference, KL, labels,
+   the calibrated proxy, and the reward models' pairwise accuracy against the world's judge on held-out samples of the
+   policy the round started from (this round's RM: after the refresh; the previous round's: before) and of the
+   policy PPO made (:mod:`lrlhf.eval.rounds`).
 
 Every step writes atomically and is skipped once done, so ``ckpt_path=last`` resumes a killed run at the round and
 step where it stopped (a PPO stage from its last checkpoint). ``rounds.json``, ``rounds.md`` and ``rounds.png`` (gold
@@ -28,15 +29,25 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lrlhf.eval.annotators import Pair, preference_record
+from lrlhf.eval.rounds import (
+    held_out_prompts,
+    held_out_samples,
+    pair_accuracy,
+    per_prompt,
+    policy,
+    rm_scores,
+    write_report,
+)
 from lrlhf.utils.io import atomic_write_text, swap_folder_in
 
 RM_INITS = ("sft", "previous")
@@ -89,6 +100,10 @@ class Rounds:
             raise ValueError(f"rounds.settings.rm_init must be one of {RM_INITS}, got {self.rm_init!r}")
         if self.reference not in REFERENCES:
             raise ValueError(f"rounds.settings.reference must be one of {REFERENCES}, got {self.reference!r}")
+        if self.pairs_per_prompt > self.samples_per_prompt * (self.samples_per_prompt - 1) // 2:
+            raise ValueError(f"rounds.settings.pairs_per_prompt={self.pairs_per_prompt}: {self.samples_per_prompt} "
+                             "samples per prompt (rounds.settings.samples_per_prompt) make at most "
+                             f"{self.samples_per_prompt * (self.samples_per_prompt - 1) // 2} distinct pairs")
         if self.rm_steps is not None and self.rm_steps < 1:
             raise ValueError(f"rounds.settings.rm_steps must be >= 1 or null, got {self.rm_steps}")
 
@@ -175,72 +190,6 @@ def _read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-# ------------------------------------------------------------------------------------------ figures
-def _policy(folder: str):
-    from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
-
-    config = ModelConfig(folder)
-    return load_causal_lm(config).eval(), load_tokenizer(config)
-
-
-def rm_scores(rm_folder: Path, prompts: list, texts: list[str]) -> list[float]:
-    """Calibrated scores of the reward model in ``rm_folder`` (:meth:`RewardModule.export`'s: a LoRA RM's folder
-    holds its merged weights too)."""
-    from lrlhf.eval.best_of_n import reward_model_scorer
-    from lrlhf.models import ModelConfig, load_tokenizer
-    from lrlhf.models.reward import load_calibration, load_reward_model
-
-    folder = Path(rm_folder)
-    scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(str(folder))), 1024)
-    calibration = load_calibration(folder)
-    return [(s - calibration.mean) / calibration.std for s in scorer(prompts, texts)]
-
-
-def pair_accuracy(s_a: list[float], s_b: list[float], u_a: list[float], u_b: list[float]) -> dict:
-    """How often the scores order a pair as the judge's utilities do, on the pairs the judge does not tie, with
-    the 95 % bootstrap interval."""
-    from lrlhf.functional.stats import bootstrap_interval
-
-    hits = [float((x > y) == (ga > gb)) for x, y, ga, gb in zip(s_a, s_b, u_a, u_b, strict=True) if ga != gb]
-    if not hits:
-        return {"accuracy": float("nan"), "interval": [float("nan")] * 2, "pairs": 0}
-    return {"accuracy": sum(hits) / len(hits), "interval": list(bootstrap_interval(hits)), "pairs": len(hits)}
-
-
-#: Pairs of samples per held-out prompt in the rounds' figures (4 samples: pairs (1, 2) and (3, 4)).
-HELD_OUT_PAIRS = 2
-
-
-def held_out_samples(policy_folder: str, cfg: DictConfig, seed: int) -> dict:
-    """``2 * HELD_OUT_PAIRS`` samples of the policy per held-out prompt (``eval.prompts``) as pairs ``a[i]``,
-    ``b[i]`` (pair ``i`` belongs to prompt ``i // HELD_OUT_PAIRS``), and the world judge's utility of each."""
-    from lrlhf.eval.judges import resolve_judge, score_responses
-    from lrlhf.models.generation import SamplingConfig, generate_responses
-
-    prompts = held_out_prompts(cfg)
-    model, tokenizer = _policy(policy_folder)
-    sampling = SamplingConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=1.0, seed=seed)
-    texts = generate_responses(model, tokenizer, [p for p in prompts for _ in range(2)], sampling, batch_size=64,
-                               max_prompt_length=cfg.eval.get("max_prompt_length") or 1024)
-    judge = resolve_judge(cfg.eval.judge, key="eval.judge")
-    return {"a": texts[0::2], "b": texts[1::2], "u_a": score_responses(judge, prompts, texts[0::2]),
-            "u_b": score_responses(judge, prompts, texts[1::2])}
-
-
-def held_out_prompts(cfg: DictConfig) -> list:
-    """The held-out prompts, each ``HELD_OUT_PAIRS`` times (one per pair of :func:`held_out_samples`)."""
-    from lrlhf.data.formats import load_records
-
-    prompts = load_records(cfg.eval.prompts, "prompt", verbose=False)[0][:cfg.eval.get("max_prompts")]
-    return [p for p in prompts for _ in range(HELD_OUT_PAIRS)]
-
-
-def _per_prompt(values: list[float]) -> list[float]:
-    """The mean of each prompt's ``HELD_OUT_PAIRS`` consecutive values (the prompt is the bootstrap's unit)."""
-    k = HELD_OUT_PAIRS
-    return [sum(values[i:i + k]) / k for i in range(0, len(values), k)]
-
-
 def check_start(cfg: DictConfig, run_dir: Path) -> tuple[list[dict], list, int]:
     """Before any stage is built (the world is): refuse a second launch into a run folder that holds rounds
     (without ``ckpt_path``) and a prompt pool too small for the rounds. Returns ``prompt_pool``'s two lists and
@@ -248,6 +197,18 @@ def check_start(cfg: DictConfig, run_dir: Path) -> tuple[list[dict], list, int]:
     from hydra.utils import instantiate
 
     rounds: Rounds = instantiate(cfg.rounds.settings, _convert_="all")
+    devices = cfg.trainer.get("devices", 1)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or (isinstance(devices, int) and devices > 1) or (
+            not isinstance(devices, (int, str)) and len(devices) > 1):
+        raise ValueError(f"recipe=iterative_ppo runs on one process (trainer.devices={devices}, WORLD_SIZE="
+                         f"{os.environ.get('WORLD_SIZE', '1')}): its rounds write one run folder; launch it on one")
+    why = {"reference": "PPO attaches it to the policy's base, which would be the previous policy",
+           "rm_init": "continuing one from its folder is not supported"}
+    for key, value in (("reference", rounds.reference), ("rm_init", rounds.rm_init)):
+        if value == "previous" and OmegaConf.select(cfg, "hparams.rm.lora") is not None:
+            raise ValueError(f"rounds.settings.{key}=previous needs a fully fine-tuned reward model, but "
+                             f"hparams.rm.lora is set (a LoRA RM is an adapter of the SFT base: {why[key]}); use "
+                             f"rounds.settings.{key}=sft")
     if cfg.get("ckpt_path") is None and (run_dir / "round_1").exists():
         raise ValueError(f"{run_dir} holds rounds of an earlier run: resume it with ckpt_path=last, or choose "
                          "another hydra.run.dir")
@@ -298,32 +259,45 @@ class RoundLoop:
         return f"{self.cfg.deps.sft}/merged" if r == 1 else str(self.folder(r - 1) / "ppo" / "export" / "merged")
 
     def labels(self, r: int, initial: list[dict], fresh: list) -> list[dict]:
-        """Round ``r``'s labelled pairs (``labels.jsonl``; ``labelling.json``: which fresh prompts it used, from where
-        the previous round stopped)."""
+        """Round ``r``'s labelled pairs (``labels.jsonl``). A later round first draws its pairs (``pairs.jsonl``;
+        ``labelling.json``: which fresh prompts it used, from where the previous round stopped), then has them
+        labelled: a resumed round (e.g. waiting for people's labels) labels the pairs it drew, never new ones."""
         path = self.folder(r) / "labels.jsonl"
         if path.is_file():
             return _read_jsonl(path)
         if r == 1:
-            rows = [{**line, "round": 1} for line in initial]
             used = {"prompts_from": 0, "prompts_to": 0}
+            atomic_write_text(self.folder(r) / "labelling.json", json.dumps(used) + "\n")
+            rows = [{**line, "round": 1} for line in initial]
         else:
-            from lrlhf.models.generation import SamplingConfig
+            pairs = self.pairs(r, fresh)
+            labels = self.annotator.label(pairs, r) if pairs else []
+            rows = [preference_record(p, lab, round=r) for p, lab in zip(pairs, labels, strict=True) if lab is not None]
+        _write_jsonl(path, rows)
+        return rows
 
+    def pairs(self, r: int, fresh: list) -> list[Pair]:
+        """Round ``r``'s pairs to label, drawn once (``pairs.jsonl``) from the previous round's policy."""
+        from lrlhf.data.records import PromptExample
+        from lrlhf.models.generation import SamplingConfig
+
+        path = self.folder(r) / "pairs.jsonl"
+        if not path.is_file():
             start = json.loads((self.folder(r - 1) / "labelling.json").read_text())["prompts_to"]
-            model, tokenizer = _policy(self.policy_folder(r))
-            sampling = SamplingConfig(max_new_tokens=self.cfg.module.config.max_new_tokens, temperature=1.0,
-                                      seed=self.rounds.seed * 1000 + r)
-            pairs, n = on_policy_pairs(model, tokenizer, fresh[start:], self.rounds, sampling, r)
+            pairs, n = [], 0
+            if self.rounds.labels_per_round > 0:
+                model, tokenizer = policy(self.policy_folder(r))
+                sampling = SamplingConfig(max_new_tokens=self.cfg.module.config.max_new_tokens, temperature=1.0,
+                                          seed=self.rounds.seed * 1000 + r)
+                pairs, n = on_policy_pairs(model, tokenizer, fresh[start:], self.rounds, sampling, r)
             if len(pairs) < self.rounds.labels_per_round:
                 print(f"warning: round {r}: {len(pairs)} pairs to label, fewer than rounds.settings.labels_per_round="
                       f"{self.rounds.labels_per_round}: the fresh prompts ran out ({len(fresh)} beyond the initial "
                       "labels)")
-            labels = self.annotator.label(pairs, r)
-            rows = [preference_record(p, lab, round=r) for p, lab in zip(pairs, labels, strict=True) if lab is not None]
-            used = {"prompts_from": start, "prompts_to": start + n}
-        atomic_write_text(self.folder(r) / "labelling.json", json.dumps({**used, "pairs": len(rows)}) + "\n")
-        _write_jsonl(path, rows)
-        return rows
+            used = {"prompts_from": start, "prompts_to": start + n, "pairs": len(pairs)}
+            atomic_write_text(self.folder(r) / "labelling.json", json.dumps(used) + "\n")
+            _write_jsonl(path, [{"prompt": p.prompt.prompt, "meta": p.prompt.meta, "a": p.a, "b": p.b} for p in pairs])
+        return [Pair(PromptExample(row["prompt"], meta=row["meta"]), row["a"], row["b"]) for row in _read_jsonl(path)]
 
     def reward_model(self, r: int) -> Path:
         out = self.folder(r) / "rm"
@@ -413,10 +387,10 @@ class RoundLoop:
             s_a, s_b = rm_scores(rm / "model", prompts, s["a"]), rm_scores(rm / "model", prompts, s["b"])
             row[f"rm_accuracy_{name}"] = pair_accuracy(s_a, s_b, s["u_a"], s["u_b"])
             if name == "end":
-                per_prompt = _per_prompt([(x + y) / 2 for x, y in zip(s_a, s_b, strict=True)])
-                row["proxy"] = sum(per_prompt) / len(per_prompt)
-                row["proxy_interval"] = list(bootstrap_interval(per_prompt))
-        gold = _per_prompt([(x + y) / 2 for x, y in zip(end["u_a"], end["u_b"], strict=True)])
+                proxy = per_prompt([(x + y) / 2 for x, y in zip(s_a, s_b, strict=True)])
+                row["proxy"] = sum(proxy) / len(proxy)
+                row["proxy_interval"] = list(bootstrap_interval(proxy))
+        gold = per_prompt([(x + y) / 2 for x, y in zip(end["u_a"], end["u_b"], strict=True)])
         row["judge_samples"], row["judge_samples_interval"] = sum(gold) / len(gold), list(bootstrap_interval(gold))
         if r > 1:
             row["rm_accuracy_before"] = json.loads((self.folder(r - 1) / "figures.json").read_text())["rm_accuracy_end"]
@@ -437,7 +411,7 @@ class RoundLoop:
         # the final policy against SFT on the same held-out prompts (whatever each round's reference was)
         kind = "gold" if self.cfg.eval.judge == "toy_gold" else "judge"
         sft, last = self.samples(0), self.samples(self.rounds.n)
-        u_sft, u_last = (_per_prompt([(x + y) / 2 for x, y in zip(s["u_a"], s["u_b"], strict=True)])
+        u_sft, u_last = (per_prompt([(x + y) / 2 for x, y in zip(s["u_a"], s["u_b"], strict=True)])
                          for s in (sft, last))
         diff = [b - a for a, b in zip(u_sft, u_last, strict=True)]
         for name, values in (("sft", u_sft), ("iterative", u_last), ("iterative_minus_sft", diff)):
@@ -446,58 +420,6 @@ class RoundLoop:
         out.update(write_report(rows, self.run_dir))
         atomic_write_text(self.run_dir / "summary.json", json.dumps(out, indent=2, default=str) + "\n")
         return out
-
-
-def _fmt(value, interval=None) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return f"{value:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
-
-
-def write_report(rows: list[dict], run_dir: Path) -> dict:
-    """``rounds.json``, ``rounds.md`` (one row per round) and ``rounds.png`` (judge and proxy across rounds)."""
-    kind = "gold" if any("gold/ppo" in row for row in rows) else "judge"
-    lines = [f"| round | labels (total) | PPO steps | held-out {kind} [95% CI] | {kind} - reference [95% CI] "
-             "| proxy [95% CI] | KL (seq) | RM acc. before refresh | RM acc. after | RM acc. on its PPO policy "
-             "| RM calibration (mean, std) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-
-    def acc(value):
-        return "-" if not value else _fmt(value["accuracy"], value["interval"])
-
-    for row in rows:
-        cal = row["calibration"]
-        lines.append(
-            f"| {row['round']} | {row['labels']} ({row['labels_total']}) | {row['ppo_steps']} "
-            f"| {_fmt(row.get(f'{kind}/ppo'), row.get(f'{kind}/ppo_interval'))} "
-            f"| {_fmt(row.get(f'{kind}/ppo_minus_sft'), row.get(f'{kind}/ppo_minus_sft_interval'))} "
-            f"| {_fmt(row.get('proxy'), row.get('proxy_interval'))} | {_fmt(row.get('rollout/kl_seq'))} "
-            f"| {acc(row.get('rm_accuracy_before'))} | {acc(row.get('rm_accuracy_after'))} "
-            f"| {acc(row.get('rm_accuracy_end'))} | {_fmt(cal.get('mean'))}, {_fmt(cal.get('std'))} |")
-    table = "\n".join(lines) + "\n"
-    atomic_write_text(run_dir / "rounds.json", json.dumps(rows, indent=2, default=str) + "\n")
-    atomic_write_text(run_dir / "rounds.md", table)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    x = [row["round"] for row in rows]
-    ax.plot(x, [row.get(f"{kind}/ppo", float("nan")) for row in rows], "o-", label=f"held-out {kind}")
-    ax.set_xlabel("round")
-    ax.set_ylabel(f"held-out {kind}")
-    ax.set_xticks(x)
-    twin = ax.twinx()
-    twin.plot(x, [row.get("proxy", float("nan")) for row in rows], "s--", color="tab:orange",
-              label="proxy (calibrated)")
-    twin.set_ylabel("proxy (calibrated RM score)")
-    fig.legend(loc="lower right")
-    fig.tight_layout()
-    plot = run_dir / "rounds.png"
-    fig.savefig(plot, dpi=120)
-    plt.close(fig)
-    return {"table": str(run_dir / "rounds.md"), "table_markdown": table, "plot": str(plot)}
 
 
 def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:
@@ -512,5 +434,4 @@ def run_rounds(cfg: DictConfig, run_dir: Path, run_stage: Callable, compose: Cal
     return RoundLoop(cfg, run_dir, run_stage, compose).run()
 
 
-__all__ = ["RoundLoop", "Rounds", "held_out_samples", "on_policy_pairs", "pair_accuracy", "prompt_pool", "replayed",
-           "rm_scores", "run_rounds"]
+__all__ = ["RoundLoop", "Rounds", "check_start", "on_policy_pairs", "prompt_pool", "replayed", "run_rounds"]

@@ -80,22 +80,33 @@ def test_file_exchange_writes_pairs_and_reads_labels(tmp_path):
     assert exchange.label(pairs, 2) == [1.0, 0.0, None]
 
 
+PAIRS = [Pair(PROMPT, "3", "5"), Pair(PROMPT, "4", "3")]
+
+
+def _line(pair_id: int, label, chosen: str | None = None) -> str:
+    pair = PAIRS[pair_id]
+    return json.dumps({**preference_record(pair, 1.0), "id": pair_id, "label": label,
+                       **({"chosen": [{"role": "assistant", "content": chosen}]} if chosen is not None else {})})
+
+
 @pytest.mark.parametrize(("line", "message"), [
     ("{", "not JSON"),
     ('{"id": 7, "label": 1}', "`id` must be the id of one of the 2 pairs"),
-    ('{"id": 0, "label": "maybe"}', "label 'maybe' must be"),
-    ('{"id": 0, "label": true}', "label True must be"),
+    (_line(0, "maybe"), "label 'maybe' must be"),
+    (_line(0, True), "label True must be"),
+    (_line(0, [1]), r"label \[1\] must be"),
+    (_line(0, 1, chosen="5"), "pair 0's `chosen` and `rejected` are not the responses written to label"),
 ])
 def test_a_bad_labelled_line_names_file_and_line(tmp_path, line, message):
     path = tmp_path / "labelled.jsonl"
-    path.write_text('{"id": 1, "label": 0.5}\n' + line + "\n")
+    path.write_text(_line(1, 0.5) + "\n" + line + "\n")
     with pytest.raises(ValueError, match=f"{path}:2: .*{message}"):
-        read_labels(path, 2)
+        read_labels(path, PAIRS)
 
 
 def test_a_pair_labelled_twice_is_refused(tmp_path):
     path = tmp_path / "labelled.jsonl"
-    path.write_text('{"id": 1, "label": 0.5}\n{"id": 1, "label": 1}\n')
+    path.write_text(_line(1, 0.5) + "\n" + _line(1, 1) + "\n")
     with pytest.raises(ValueError, match="labelled.jsonl:2: pair 1 is labelled twice"):
-        read_labels(path, 2)
+        read_labels(path, PAIRS)
     assert as_label("TIE", "x") == 0.5

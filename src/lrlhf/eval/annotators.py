@@ -44,7 +44,7 @@ class Pair(NamedTuple):
 def as_label(value: Any, where: str) -> float:
     """1.0 / 0.0 / 0.5 from a label (a number or ``a`` / ``b`` / ``tie``); anything else names ``where``."""
     key = value.lower() if isinstance(value, str) else value
-    if isinstance(key, bool) or key not in LABELS:
+    if isinstance(key, bool) or not isinstance(key, (int, float, str)) or key not in LABELS:
         raise ValueError(f"{where}: label {value!r} must be 1 (a / chosen preferred), 0 (b / rejected preferred) "
                          "or 0.5 (a tie), or 'a', 'b', 'tie'")
     return LABELS[key]
@@ -160,11 +160,13 @@ class FileExchange:
                     f"rounds.annotator: waiting for labels: label the {len(pairs)} pairs of {out} and write them to "
                     f"{back} (each line's `label`: 1, 0 or 0.5), then resume with ckpt_path=last")
             time.sleep(self.poll_seconds)
-        return read_labels(back, len(pairs))
+        return read_labels(back, pairs)
 
 
-def read_labels(path: Path, n_pairs: int) -> list[float | None]:
-    """The labels of a labelled file by ``id`` (None where a pair has none); a bad line names its file and line."""
+def read_labels(path: Path, pairs: Sequence[Pair]) -> list[float | None]:
+    """The labels of a labelled file by ``id`` (None where a pair has none). A bad line names its file and line: one
+    whose ``chosen`` / ``rejected`` are not pair ``id``'s responses as written (edited, or another draw's) too."""
+    n_pairs = len(pairs)
     labels: list[float | None] = [None] * n_pairs
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -177,12 +179,23 @@ def read_labels(path: Path, n_pairs: int) -> list[float | None]:
         pair_id = row.get("id") if isinstance(row, dict) else None
         if not isinstance(pair_id, int) or not 0 <= pair_id < n_pairs:
             raise ValueError(f"{where}: `id` must be the id of one of the {n_pairs} pairs written, got {pair_id!r}")
+        written = (_text(row.get("chosen")), _text(row.get("rejected")))
+        if written != (pairs[pair_id].a, pairs[pair_id].b):
+            raise ValueError(f"{where}: pair {pair_id}'s `chosen` and `rejected` are not the responses written to "
+                             "label (keep them as written and set `label`)")
         if row.get("label") is None:
             continue
         if labels[pair_id] is not None:
             raise ValueError(f"{where}: pair {pair_id} is labelled twice")
         labels[pair_id] = as_label(row["label"], where)
     return labels
+
+
+def _text(turns) -> str | None:
+    """The content of a one-message conversation (``[{"role": "assistant", "content": ...}]``), else None."""
+    if isinstance(turns, list) and len(turns) == 1 and isinstance(turns[0], dict):
+        return turns[0].get("content")
+    return None
 
 
 __all__ = ["FileExchange", "JudgeAnnotator", "Pair", "PairwiseAnnotator", "SimulatedAnnotators", "as_label",
