@@ -121,7 +121,8 @@ def write_report(rows: list[dict], run_dir: Path) -> dict:
     twin.plot(x, [row.get("proxy", float("nan")) for row in rows], "s--", color="tab:orange",
               label="proxy (calibrated)")
     twin.set_ylabel("proxy (calibrated RM score)")
-    fig.legend(loc="lower right")
+    handles = [*ax.get_legend_handles_labels()[0], *twin.get_legend_handles_labels()[0]]
+    ax.legend(handles, [h.get_label() for h in handles], loc="best", fontsize=8)
     fig.tight_layout()
     plot = run_dir / "rounds.png"
     fig.savefig(plot, dpi=120)
