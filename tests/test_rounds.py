@@ -1,6 +1,7 @@
-"""Iterative RLHF through train.py (recipe=iterative_ppo, lrlhf.rounds): two tiny rounds; the file-exchange
-annotator's round trip; a run stopped while waiting for labels and again by SIGTERM inside a round's PPO stage,
-then resumed, ends with the same policy as an uninterrupted run, bitwise; no label is on a held-out prompt."""
+"""Iterative RLHF through train.py (recipe=iterative_ppo, lrlhf.rounds): two tiny rounds (labelled by a pairwise
+callable); the file-exchange annotator's round trip; a run stopped while waiting for labels and again by SIGTERM
+inside a round's PPO stage, then resumed, ends with the same policy as an uninterrupted run, bitwise; no label is
+on a held-out prompt."""
 
 import json
 import os
@@ -53,34 +54,9 @@ def _same_policy(a: Path, b: Path) -> None:
 
 
 @pytest.mark.slow
-def test_two_tiny_rounds_label_the_policy_refresh_the_rm_and_continue_ppo(tmp_path):
-    run = tmp_path / "run"
-    out = _train(tmp_path, *TINY, f"hydra.run.dir={run}")
-    assert "== lrlhf iterative: done ==" in out.stdout and "| round |" in out.stdout
-    summary = json.loads((run / "rounds.json").read_text())
-    assert [row["round"] for row in summary] == [1, 2]
-    first, second = _jsonl(run / "round_1" / "labels.jsonl"), _jsonl(run / "round_2" / "labels.jsonl")
-    world = _world(tmp_path)
-    assert first == [{**r, "round": 1} for r in _jsonl(world / "pref_train.jsonl")[:40]]
-    assert 0 < len(second) <= 20 and {r["round"] for r in second} == {2}
-    assert all(r["chosen"] != r["rejected"] and r["target"] in (0.5, 1.0) and "both_bad" not in r for r in second)
-    # the round-2 pairs are samples of round 1's policy for prompts round 1 did not label, never held-out ones
-    used = {json.dumps(r["prompt"]) for r in first}
-    held_out = {json.dumps(r["prompt"]) for r in _jsonl(world / "eval_prompts.jsonl")}
-    assert not {json.dumps(r["prompt"]) for r in second} & (used | held_out)
-    # the RM of round 2 learned from both rounds' labels; round 2's PPO continued round 1's adapter, reference SFT
-    assert len(_jsonl(run / "round_2" / "rm_train.jsonl")) == len(first) + len(second)
-    ppo2 = (run / "round_2" / "ppo" / "config.yaml").read_text()
-    assert f"init_adapter: {run}/round_1/ppo/export/adapter" in ppo2 and f"rm: {run}/round_2/rm" in ppo2
-    rows = {row["round"]: row for row in summary}
-    assert rows[2]["labels_total"] == len(first) + len(second) and "rm_accuracy_before" in rows[2]
-    assert (run / "rounds.png").is_file() and (run / "rounds.md").read_text().count("\n") == 4
-
-
-@pytest.mark.slow
-def test_file_exchange_and_resume_mid_round_equal_an_uninterrupted_run(tmp_path):
+def test_two_rounds_then_file_exchange_and_resume_mid_round_equal_an_uninterrupted_run(tmp_path):
     straight, split = tmp_path / "straight", tmp_path / "split"
-    _train(tmp_path, *TINY, *PAIRWISE, f"hydra.run.dir={straight}")
+    _check_two_tiny_rounds(tmp_path, straight, _train(tmp_path, *TINY, *PAIRWISE, f"hydra.run.dir={straight}"))
 
     exchange = ["rounds/annotator=file_exchange"]
     out = _train(tmp_path, *TINY, *exchange, f"hydra.run.dir={split}", check=False)
@@ -113,6 +89,29 @@ def test_file_exchange_and_resume_mid_round_equal_an_uninterrupted_run(tmp_path)
     assert "Restoring states from the checkpoint" in out.stdout + out.stderr
     assert _jsonl(split / "round_2" / "labels.jsonl") == _jsonl(straight / "round_2" / "labels.jsonl")
     _same_policy(straight, split)
+
+
+def _check_two_tiny_rounds(tmp_path, run, out):
+    """Two rounds labelled the policy's samples, refreshed the RM and continued PPO."""
+    assert "== lrlhf iterative: done ==" in out.stdout and "| round |" in out.stdout
+    summary = json.loads((run / "rounds.json").read_text())
+    assert [row["round"] for row in summary] == [1, 2]
+    first, second = _jsonl(run / "round_1" / "labels.jsonl"), _jsonl(run / "round_2" / "labels.jsonl")
+    world = _world(tmp_path)
+    assert first == [{**r, "round": 1} for r in _jsonl(world / "pref_train.jsonl")[:40]]
+    assert 0 < len(second) <= 20 and {r["round"] for r in second} == {2}
+    assert all(r["chosen"] != r["rejected"] and r["target"] in (0.5, 1.0) and "both_bad" not in r for r in second)
+    # the round-2 pairs are samples of round 1's policy for prompts round 1 did not label, never held-out ones
+    used = {json.dumps(r["prompt"]) for r in first}
+    held_out = {json.dumps(r["prompt"]) for r in _jsonl(world / "eval_prompts.jsonl")}
+    assert not {json.dumps(r["prompt"]) for r in second} & (used | held_out)
+    # the RM of round 2 learned from both rounds' labels; round 2's PPO continued round 1's adapter, reference SFT
+    assert len(_jsonl(run / "round_2" / "rm_train.jsonl")) == len(first) + len(second)
+    ppo2 = (run / "round_2" / "ppo" / "config.yaml").read_text()
+    assert f"init_adapter: {run}/round_1/ppo/export/adapter" in ppo2 and f"rm: {run}/round_2/rm" in ppo2
+    rows = {row["round"]: row for row in summary}
+    assert rows[2]["labels_total"] == len(first) + len(second) and "rm_accuracy_before" in rows[2]
+    assert (run / "rounds.png").is_file() and (run / "rounds.md").read_text().count("\n") == 4
 
 
 def _prefer(row: dict) -> float:
