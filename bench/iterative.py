@@ -22,17 +22,12 @@ N_SAMPLES = 4
 
 
 def _gold_per_prompt(folder: str, prompts: list, seed: int) -> list[float]:
-    from lrlhf.data.toy import gold_utility
+    from lrlhf.eval.utility import sample_gold_utility
     from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
-    from lrlhf.models.generation import SamplingConfig, generate_responses
 
     config = ModelConfig(folder)
-    texts = generate_responses(load_causal_lm(config).eval(), load_tokenizer(config),
-                               [p for p in prompts for _ in range(N_SAMPLES)],
-                               SamplingConfig(max_new_tokens=32, temperature=1.0, seed=seed), batch_size=64)
-    gold = [gold_utility(p.meta["task"], t) for p, t in zip([p for p in prompts for _ in range(N_SAMPLES)], texts,
-                                                            strict=True)]
-    return [sum(gold[i:i + N_SAMPLES]) / N_SAMPLES for i in range(0, len(gold), N_SAMPLES)]
+    return list(sample_gold_utility(load_causal_lm(config).eval(), load_tokenizer(config), prompts,
+                                    n_samples=N_SAMPLES, temperature=1.0, max_new_tokens=32, seed=seed).per_prompt)
 
 
 def main() -> None:
@@ -46,7 +41,7 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from lrlhf.data.formats import load_records
-    from lrlhf.eval.rounds import held_out_prompts, held_out_samples, pair_accuracy, rm_scores
+    from lrlhf.eval.rounds import held_out_prompts, held_out_samples, pair_accuracy, rm_scorer
     from lrlhf.functional.stats import bootstrap_interval
 
     print(f"threads {args.threads}; {N_SAMPLES} samples per held-out prompt, sampling seed {args.seed}")
@@ -69,7 +64,8 @@ def main() -> None:
         records = held_out_prompts(cfg)
         for name, policy, rm in (("single", single, cfg.module.reward_model), ("iterative", iterative, last_rm)):
             s = held_out_samples(policy, cfg, seed=args.seed + 7919)
-            acc = pair_accuracy(rm_scores(rm, records, s["a"]), rm_scores(rm, records, s["b"]), s["u_a"], s["u_b"])
+            score = rm_scorer(rm)
+            acc = pair_accuracy(score(records, s["a"]), score(records, s["b"]), s["u_a"], s["u_b"])
             lo, hi = acc["interval"]
             print(f"  {name}: final RM's accuracy on its final policy's samples {acc['accuracy']:.3f} "
                   f"[{lo:.3f}, {hi:.3f}] ({acc['pairs']} pairs the gold does not tie)")

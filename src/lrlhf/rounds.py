@@ -38,6 +38,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lrlhf.cli import _at
+from lrlhf.data.toy.world import write_jsonl
 from lrlhf.eval.annotators import Pair, preference_record
 from lrlhf.eval.rounds import (
     held_out_prompts,
@@ -45,7 +47,7 @@ from lrlhf.eval.rounds import (
     pair_accuracy,
     per_prompt,
     policy,
-    rm_scores,
+    rm_scorer,
     write_report,
 )
 from lrlhf.utils.io import atomic_write_text, swap_folder_in
@@ -125,7 +127,7 @@ def prompt_pool(pref_train: Path, initial_labels: int, eval_prompts: Path) -> tu
     from lrlhf.data.formats import load_records
     from lrlhf.data.records import PromptExample
 
-    lines = [json.loads(line) for line in pref_train.read_text().splitlines() if line.strip()]
+    lines = _read_jsonl(pref_train)
     if len(lines) < initial_labels:
         raise ValueError(f"rounds.settings.initial_labels={initial_labels}, but {pref_train} holds {len(lines)} pairs")
     records, _ = load_records(str(pref_train), "preference", verbose=False, drop_identical=False)
@@ -180,10 +182,6 @@ def replayed(lines: list[dict], fraction: float, seed: str) -> list[dict]:
         return lines
     keep = sorted(random.Random(seed).sample(range(len(lines)), round(fraction * len(lines))))
     return [lines[i] for i in keep]
-
-
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -273,7 +271,7 @@ class RoundLoop:
             pairs = self.pairs(r, fresh)
             labels = self.annotator.label(pairs, r) if pairs else []
             rows = [preference_record(p, lab, round=r) for p, lab in zip(pairs, labels, strict=True) if lab is not None]
-        _write_jsonl(path, rows)
+        write_jsonl(path, rows)
         return rows
 
     def pairs(self, r: int, fresh: list) -> list[Pair]:
@@ -296,7 +294,7 @@ class RoundLoop:
                       "labels)")
             used = {"prompts_from": start, "prompts_to": start + n, "pairs": len(pairs)}
             atomic_write_text(self.folder(r) / "labelling.json", json.dumps(used) + "\n")
-            _write_jsonl(path, [{"prompt": p.prompt.prompt, "meta": p.prompt.meta, "a": p.a, "b": p.b} for p in pairs])
+            write_jsonl(path, [{"prompt": p.prompt.prompt, "meta": p.prompt.meta, "a": p.a, "b": p.b} for p in pairs])
         return [Pair(PromptExample(row["prompt"], meta=row["meta"]), row["a"], row["b"]) for row in _read_jsonl(path)]
 
     def reward_model(self, r: int) -> Path:
@@ -307,7 +305,7 @@ class RoundLoop:
         for earlier in range(1, r + 1):
             lines = _read_jsonl(self.folder(earlier) / "labels.jsonl")
             train += lines if earlier == r else replayed(lines, self.rounds.replay, f"{self.rounds.seed}:{r}:{earlier}")
-        _write_jsonl(self.folder(r) / "rm_train.jsonl", train)
+        write_jsonl(self.folder(r) / "rm_train.jsonl", train)
         overrides = [f"data.train={self.folder(r) / 'rm_train.jsonl'}", "logger=none"]
         if self.rounds.rm_steps is not None:
             overrides.append(f"trainer.max_steps={self.rounds.rm_steps}")
@@ -383,8 +381,9 @@ class RoundLoop:
                **{k: summary[k] for k in summary if k.startswith(("gold/", "judge/", "chosen/", "rollout/", "kl/"))}}
         prompts = held_out_prompts(self.cfg)
         start, end = self.samples(r - 1), self.samples(r)
+        score = rm_scorer(rm / "model")
         for name, s in (("after", start), ("end", end)):
-            s_a, s_b = rm_scores(rm / "model", prompts, s["a"]), rm_scores(rm / "model", prompts, s["b"])
+            s_a, s_b = score(prompts, s["a"]), score(prompts, s["b"])
             row[f"rm_accuracy_{name}"] = pair_accuracy(s_a, s_b, s["u_a"], s["u_b"])
             if name == "end":
                 proxy = per_prompt([(x + y) / 2 for x, y in zip(s_a, s_b, strict=True)])
@@ -420,13 +419,6 @@ class RoundLoop:
         out.update(write_report(rows, self.run_dir))
         atomic_write_text(self.run_dir / "summary.json", json.dumps(out, indent=2, default=str) + "\n")
         return out
-
-
-def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        cfg.paths.run_dir = str(out_dir)
-    return cfg
 
 
 def run_rounds(cfg: DictConfig, run_dir: Path, run_stage: Callable, compose: Callable) -> dict:

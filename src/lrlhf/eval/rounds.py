@@ -19,9 +19,9 @@ def policy(folder: str):
     return load_causal_lm(config).eval(), load_tokenizer(config)
 
 
-def rm_scores(rm_folder: Path, prompts: list, texts: list[str]) -> list[float]:
-    """Calibrated scores of the reward model in ``rm_folder`` (:meth:`RewardModule.export`'s: a LoRA RM's folder
-    holds its merged weights too)."""
+def rm_scorer(rm_folder: Path):
+    """``score(prompts, texts) -> calibrated scores`` of the reward model in ``rm_folder``, loaded once
+    (:meth:`RewardModule.export`'s folder: a LoRA RM's holds its merged weights too)."""
     from lrlhf.eval.best_of_n import reward_model_scorer
     from lrlhf.models import ModelConfig, load_tokenizer
     from lrlhf.models.reward import load_calibration, load_reward_model
@@ -29,7 +29,11 @@ def rm_scores(rm_folder: Path, prompts: list, texts: list[str]) -> list[float]:
     folder = Path(rm_folder)
     scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(str(folder))), 1024)
     calibration = load_calibration(folder)
-    return [(s - calibration.mean) / calibration.std for s in scorer(prompts, texts)]
+
+    def score(prompts: list, texts: list[str]) -> list[float]:
+        return [(s - calibration.mean) / calibration.std for s in scorer(prompts, texts)]
+
+    return score
 
 
 def pair_accuracy(s_a: list[float], s_b: list[float], u_a: list[float], u_b: list[float]) -> dict:
@@ -131,4 +135,4 @@ def write_report(rows: list[dict], run_dir: Path) -> dict:
 
 
 __all__ = ["HELD_OUT_PAIRS", "held_out_prompts", "held_out_samples", "pair_accuracy", "per_prompt", "policy",
-           "rm_scores", "write_report"]
+           "rm_scorer", "write_report"]
