@@ -6,6 +6,14 @@ the tensor shapes and which positions a mask marks valid; see the README for the
 """
 
 from lrlhf.functional.advantages import gae, grpo_advantages, rloo_advantages
+from lrlhf.functional.ensemble import (
+    EnsembleCombine,
+    EnsembleMean,
+    MeanMinusStd,
+    SingleMember,
+    WorstCase,
+    disagreement,
+)
 from lrlhf.functional.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
@@ -44,13 +52,19 @@ __all__ = [
     "KL_ESTIMATORS",
     "AdaptiveKLController",
     "DPOStats",
+    "EnsembleCombine",
+    "EnsembleMean",
     "FixedKLController",
     "KLController",
+    "MeanMinusStd",
     "PolicyLossStats",
     "ResponseMasks",
     "ShapedRewards",
+    "SingleMember",
     "ValueLossStats",
+    "WorstCase",
     "bradley_terry_loss",
+    "disagreement",
     "dpo_loss",
     "entropy_from_logits",
     "explained_variance",

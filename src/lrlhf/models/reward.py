@@ -66,10 +66,15 @@ def load_calibration(path: str | Path) -> RewardCalibration:
 
 
 def load_reward_model(out_dir: str | Path, dtype: str = "float32") -> ScalarModel:
-    """A :class:`ScalarModel` in eval mode from :meth:`RewardModule.export`'s folder."""
+    """A :class:`ScalarModel` in eval mode from :meth:`RewardModule.export`'s folder; from an ensemble's folder
+    (``recipe=rm_ensemble``), its :class:`~lrlhf.models.ensemble.RewardEnsembleModel` with its default rule."""
     from safetensors.torch import load_file
 
+    from lrlhf.models.ensemble import is_ensemble, load_reward_ensemble
+
     out_dir = Path(out_dir)
+    if is_ensemble(out_dir):
+        return load_reward_ensemble(out_dir, dtype=dtype)
     backbone = load_causal_lm(ModelConfig(str(out_dir), dtype=dtype))
     model = ScalarModel(backbone)
     model.head.load_state_dict(load_file(out_dir / HEAD_FILE))

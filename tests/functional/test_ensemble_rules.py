@@ -1,0 +1,44 @@
+"""The ensemble combination rules and the disagreement, by hand."""
+
+import pytest
+import torch
+
+from lrlhf.functional import EnsembleMean, MeanMinusStd, SingleMember, WorstCase, disagreement
+
+# 3 members x 2 samples: sample 0 spread (1, 3, 5), sample 1 agreed (2, 2, 2)
+SCORES = torch.tensor([[1.0, 2.0], [3.0, 2.0], [5.0, 2.0]], dtype=torch.float64)
+
+
+def test_disagreement_is_the_unbiased_std_across_members():
+    # sample 0: mean 3, squared deviations 4 + 0 + 4 = 8, over N - 1 = 2: variance 4, std 2
+    assert disagreement(SCORES).tolist() == [2.0, 0.0]
+    assert disagreement(SCORES[:1]).tolist() == [0.0, 0.0]  # one member: no disagreement
+
+
+def test_rules_by_hand():
+    assert EnsembleMean()(SCORES).tolist() == [3.0, 2.0]
+    assert MeanMinusStd(0.5)(SCORES).tolist() == [3.0 - 0.5 * 2.0, 2.0]
+    assert MeanMinusStd(0.0)(SCORES).tolist() == EnsembleMean()(SCORES).tolist()
+    assert WorstCase()(SCORES).tolist() == [1.0, 2.0]
+    assert SingleMember(1)(SCORES).tolist() == [3.0, 2.0]
+
+
+def test_conservative_rules_never_exceed_the_mean_and_rank_agreed_samples_higher():
+    torch.manual_seed(0)
+    scores = torch.randn(5, 64, dtype=torch.float64)
+    mean = EnsembleMean()(scores)
+    assert (MeanMinusStd(1.0)(scores) <= mean).all() and (WorstCase()(scores) <= mean).all()
+    # same mean (3 and 2.5 in the toy case below), the agreed sample wins under both conservative rules
+    pair = torch.tensor([[0.0, 2.0], [6.0, 3.0], [3.0, 2.5]], dtype=torch.float64)  # means 3, 2.5
+    assert EnsembleMean()(pair)[0] > EnsembleMean()(pair)[1]
+    assert MeanMinusStd(1.0)(pair)[0] < MeanMinusStd(1.0)(pair)[1]
+    assert WorstCase()(pair)[0] < WorstCase()(pair)[1]
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="members, batch"):
+        EnsembleMean()(torch.zeros(4))
+    with pytest.raises(ValueError, match="coef must be >= 0"):
+        MeanMinusStd(-1.0)
+    with pytest.raises(ValueError, match="ensemble of 3 members"):
+        SingleMember(3)(SCORES)
