@@ -165,6 +165,10 @@ def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
         summary = {"stage": "eval", "run_dir": str(out_dir), **run_eval(cfg, out_dir)}
         atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         return summary
+    if cfg.stage == "rm_ensemble":  # N rm stages in members/, one artefact (lrlhf.ensembles)
+        from lrlhf.ensembles import run_ensemble
+
+        return run_ensemble(cfg, out_dir, final_dir, run_stage)
     tokenizer = load_tokenizer(_model_config(cfg))
     module = instantiate(cfg.module, tokenizer=tokenizer, _convert_="all")
     data = instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
@@ -218,9 +222,9 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
     return summary
 
 
-#: Every stage a recipe may name: the trained ones, ``eval`` (no training; lrlhf.eval.harness) and ``iterative``
-#: (rounds of labelling, RM and PPO stages; lrlhf.rounds).
-STAGES = ("sft", "rm", "ppo", "dpo", "eval", "iterative")
+#: Every stage a recipe may name: the trained ones, ``eval`` (no training; lrlhf.eval.harness), ``iterative``
+#: (rounds of labelling, RM and PPO stages; lrlhf.rounds) and ``rm_ensemble`` (N rm stages; lrlhf.ensembles).
+STAGES = ("sft", "rm", "ppo", "dpo", "eval", "iterative", "rm_ensemble")
 
 
 # ----------------------------------------------------------------------------------------------- main

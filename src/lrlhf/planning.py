@@ -165,6 +165,8 @@ def validate(cfg: DictConfig) -> None:
         check_eval_config(cfg.eval)
     if cfg.stage == "iterative":  # the rounds' settings and annotator (cheap objects), before any stage is built
         visit(cfg.rounds, "rounds")
+    if cfg.stage == "rm_ensemble":  # the members' count and the combination rule, before any member trains
+        visit(cfg.ensemble, "ensemble")
 
 
 def _root_cause(err: BaseException) -> BaseException:

@@ -28,7 +28,7 @@ def test_conservative_rules_never_exceed_the_mean_and_rank_agreed_samples_higher
     scores = torch.randn(5, 64, dtype=torch.float64)
     mean = EnsembleMean()(scores)
     assert (MeanMinusStd(1.0)(scores) <= mean).all() and (WorstCase()(scores) <= mean).all()
-    # same mean (3 and 2.5 in the toy case below), the agreed sample wins under both conservative rules
+    # the spread sample has the higher mean (3 against 2.5); the agreed one wins under both conservative rules
     pair = torch.tensor([[0.0, 2.0], [6.0, 3.0], [3.0, 2.5]], dtype=torch.float64)  # means 3, 2.5
     assert EnsembleMean()(pair)[0] > EnsembleMean()(pair)[1]
     assert MeanMinusStd(1.0)(pair)[0] < MeanMinusStd(1.0)(pair)[1]

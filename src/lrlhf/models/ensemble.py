@@ -42,7 +42,10 @@ def combine_from_spec(spec: dict, where: str) -> EnsembleCombine:
         cls = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError) as err:
         raise ValueError(f"{where}: cannot import the combination rule {target!r}: {err}") from None
-    rule = cls(**{k: v for k, v in spec.items() if k != "_target_"})
+    try:
+        rule = cls(**{k: v for k, v in spec.items() if k != "_target_"})
+    except TypeError as err:
+        raise ValueError(f"{where}: {target}: {err}") from None
     if not isinstance(rule, EnsembleCombine):
         raise ValueError(f"{where}: {target} is not an EnsembleCombine")
     return rule
@@ -63,6 +66,9 @@ class RewardEnsembleModel(nn.Module):
         self.members = nn.ModuleList(members)
         self.calibrations = list(calibrations)
         self.combine = combine if combine is not None else EnsembleMean()
+        index = getattr(self.combine, "index", None)  # SingleMember: a member that exists
+        if index is not None and not 0 <= index < len(members):
+            raise ValueError(f"{self.combine.describe()}: the ensemble has {len(members)} members")
         self.last_disagreement: Tensor | None = None
 
     def __len__(self) -> int:

@@ -1,7 +1,7 @@
 """LightningModules: they orchestrate the functional, data and model layers, one numbered step at a time."""
 
 from lrlhf.modules.dpo import DPOConfig, DPOModule
-from lrlhf.modules.ppo import PPOConfig, PPOModule, RewardAdapter, Rollout
+from lrlhf.modules.ppo import PPOConfig, PPOModule, RewardAdapter, RewardEnsemble, Rollout
 from lrlhf.modules.reward import (
     RewardCalibration,
     RewardConfig,
@@ -20,6 +20,7 @@ __all__ = [
     "PPOModule",
     "RewardCalibration",
     "RewardAdapter",
+    "RewardEnsemble",
     "RewardConfig",
     "RewardModule",
     "Rollout",

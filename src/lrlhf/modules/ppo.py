@@ -46,6 +46,7 @@ from lrlhf.models import (
     export_merged,
     load_adapter_weights,
     load_causal_lm,
+    load_reward_ensemble,
     load_tokenizer,
 )
 from lrlhf.models import reference_mode as _reference_mode
@@ -57,6 +58,7 @@ from lrlhf.modules.ppo_config import MOVED_KEYS, PPOConfig, component_settings
 from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.rollout import (
     RewardAdapter,
+    RewardEnsemble,
     Rollout,
     Sampled,
     check_finite,
@@ -77,8 +79,9 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
 
     Args:
         policy: the SFT model: a :class:`ModelConfig` (loaded in :meth:`configure_model`) or a plain causal LM.
-        reward_model: a frozen :class:`ScalarModel`, the folder of :meth:`RewardModule.export`, or a
-            :class:`RewardAdapter` (the RM's LoRA adapter on the policy's base); it scores the policy's token ids.
+        reward_model: a frozen :class:`ScalarModel`, the folder of :meth:`RewardModule.export`, a
+            :class:`RewardAdapter` (the RM's LoRA adapter on the policy's base), or a :class:`RewardEnsemble` (an
+            ensemble folder and its combination rule); it scores the policy's token ids.
         tokenizer: loaded from the ``ModelConfig`` when None. config: :class:`PPOConfig` or a dict of its fields.
         calibration: frozen ``(r - mean) / std`` of the RM scores, or a path to it, or a
             :class:`~lrlhf.modules.calibration.ReferenceSamples` measured before the first update; None = raw scores.
@@ -96,7 +99,7 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
     def __init__(
         self,
         policy: ModelConfig | nn.Module,
-        reward_model: ScalarModel | RewardAdapter | str | Path,
+        reward_model: ScalarModel | RewardAdapter | RewardEnsemble | str | Path,
         tokenizer=None,
         config: PPOConfig | dict | None = None,
         calibration: RewardCalibration | str | Path | None = None,
@@ -128,6 +131,8 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         self.sample_prompts = [as_prompt(p) for p in (sample_prompts or [])]
         self.init_adapter = init_adapter
         self.rollouts_done = 0
+        self._disagreement: list[Tensor] = []  # an ensemble reward's per-sample disagreement, per score() call
+        self.rollout_disagreement: Tensor | None = None  # the last rollout's (take_disagreement)
         self._adapter_names: set[str] = set()
         self._precision, self._self_check_pending = None, True
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling),
@@ -155,6 +160,8 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         self.use_adapter(POLICY)
         if isinstance(self._reward_source, RewardAdapter):
             self.reward_model = attach_reward_adapter(self.model, self._reward_source.path)
+        elif isinstance(self._reward_source, RewardEnsemble):
+            self.reward_model = load_reward_ensemble(self._reward_source.path, self._reward_source.combine)
         elif self.reward_model is None:
             self.reward_model = load_reward_model(self._reward_source)
         self.reward_model.requires_grad_(False).eval()
@@ -249,7 +256,11 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         the action mask, so the RM reads its score at the EOS, or the last token of a truncated response."""
         input_ids = torch.cat([query_ids, response_ids], dim=1)
         attention_mask = torch.cat([query_mask, masks.action_mask.to(query_mask.dtype)], dim=1)
-        return self.reward_model.score(input_ids, attention_mask).float()
+        scores = self.reward_model.score(input_ids, attention_mask).float()
+        spread = getattr(self.reward_model, "last_disagreement", None)  # an ensemble: its members' std per sample
+        if spread is not None:
+            self._disagreement.append(spread.float())
+        return scores
 
     def compute_rewards(self, raw_scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor,
                         masks: ResponseMasks) -> tuple[Tensor, ShapedRewards]:
@@ -302,6 +313,7 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
     def make_rollout(self, batch: dict) -> Rollout:
         """Steps 1-6: prompts -> a frozen :class:`Rollout`."""
         k = self.advantage.samples_per_prompt
+        self.take_disagreement()  # forget what evaluations scored
         # 1. prompts, each repeated k times (the k samples of a prompt are adjacent rows)
         query_ids = batch["input_ids"].repeat_interleave(k, dim=0)  # (B, P)
         query_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
@@ -322,6 +334,7 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
             parts["values"].append(values.float())
             parts["raw_scores"].append(self.score(q, qm, r, ResponseMasks(*(m[rows] for m in masks))))
         scored = {name: torch.cat(chunks) for name, chunks in parts.items()}
+        self.rollout_disagreement = self.take_disagreement()  # before step 5 (a calibration measured there scores)
         values = scored["values"] * masks.action_mask
         # 5. rewards
         scores, shaped = self.compute_rewards(scored["raw_scores"], scored["logprobs"], scored["ref_logprobs"], masks)
@@ -353,6 +366,8 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         # 1-6. rollout
         rollout = self.make_rollout(batch)
         stats = self.rollout_stats(rollout)
+        if getattr(self, "keep_last_rollout", False):  # read by lrlhf.callbacks.HighRewardAudit, until the next one
+            self.last_rollout = (batch, rollout, self.rollout_disagreement)
         # 7. update epochs on the frozen rollout
         if any_across_ranks(bool(rollout.action_mask.any())):  # ranks step together (DDP/FSDP collectives)
             stats.update(self.update(rollout))
@@ -414,8 +429,18 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         return out
 
     def rollout_stats(self, rollout: Rollout) -> dict[str, float]:
-        """Per-rollout statistics (:func:`~lrlhf.modules.rollout.rollout_stats`)."""
-        return rollout_stats(rollout, self.kl_controller.value, with_values=self.critic is not None)
+        """Per-rollout statistics (:func:`~lrlhf.modules.rollout.rollout_stats`); with an ensemble reward,
+        ``reward/ensemble_std``: the members' mean disagreement (std of their calibrated scores) on this rollout."""
+        stats = rollout_stats(rollout, self.kl_controller.value, with_values=self.critic is not None)
+        if self.rollout_disagreement is not None:
+            stats["reward/ensemble_std"] = float(self.rollout_disagreement.mean())
+        return stats
+
+    def take_disagreement(self) -> Tensor | None:
+        """The ensemble reward's per-sample disagreement (the members' std) of every :meth:`score` since the last
+        call, in order, and forget it; None without an ensemble."""
+        spread, self._disagreement = self._disagreement, []
+        return torch.cat(spread) if spread else None
 
     def configure_optimizers(self):
         cfg = self.config

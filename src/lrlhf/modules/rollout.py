@@ -21,6 +21,16 @@ class RewardAdapter:
     path: str
 
 
+@dataclass(frozen=True)
+class RewardEnsemble:
+    """The reward role as a reward-model ensemble (``recipe=rm_ensemble``'s ``model`` folder, ``path``): its members
+    each calibrated, combined by ``combine`` (:mod:`lrlhf.functional.ensemble`: ``EnsembleMean``, ``MeanMinusStd``,
+    ``WorstCase``; None = the folder's default). The members' disagreement is logged per rollout."""
+
+    path: str
+    combine: object = None
+
+
 class Sampled(NamedTuple):
     """What :meth:`PPOModule.sample` returns, ``B`` rows, ``R <= max_new_tokens`` response columns.
 
@@ -157,5 +167,5 @@ def log_synced(module, stats: dict[str, float], batch_size: int) -> None:
             module.log_dict(part, batch_size=batch_size, sync_dist=True, reduce_fx=op)
 
 
-__all__ = ["STAT_REDUCTIONS", "RewardAdapter", "Rollout", "Sampled", "check_finite", "log_synced", "rollout_stats",
-           "row_chunks", "sequence_inputs"]
+__all__ = ["STAT_REDUCTIONS", "RewardAdapter", "RewardEnsemble", "Rollout", "Sampled", "check_finite", "log_synced",
+           "rollout_stats", "row_chunks", "sequence_inputs"]
