@@ -77,7 +77,8 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
     todo = planning.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
     needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"], "judge_rm": [],
              "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"],
-             "iterative_ppo": ["sft"]}.get(recipe, ["sft", "rm"])  # iterative: each round trains its own RM
+             "iterative_ppo": ["sft"], "rm_ensemble": ["sft"]}.get(recipe, ["sft", "rm"])
+    # iterative: each round trains its own RM; rm_ensemble: its members are rm stages of its own
     assert [t[0] for t in todo] == needs
     assert not (tmp_path / "worlds").exists()
 
@@ -260,7 +261,8 @@ def test_model_smollm2_composes_to_the_wheel_gguf(smollm2_config, tmp_path):
 
 
 # eval: test_eval_recipe_tiny below; iterative_ppo: tests/test_rounds.py
-@pytest.mark.parametrize("recipe", [r for r in RECIPES if r not in ("eval", "iterative_ppo")])
+# rm_ensemble: its members are rm runs (tests/test_ensembles.py runs it through PPO)
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r not in ("eval", "iterative_ppo", "rm_ensemble")])
 def test_every_recipe_runs_tiny(recipe, tmp_path):
     run = tmp_path / "run"
     # RLOO / GRPO: the same module plus checks that no critic is built or run (cli_subclass.NoCriticPPO)
@@ -400,3 +402,11 @@ def test_eval_recipe_tiny_writes_the_table_and_the_plots(tmp_path):
     assert [c["n"] for c in results["bon_curve"]] == [1, 2, 3, 4] and results["judge"] == "toy_gold_judge"
     header = (run / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"eval/ppo/gold", "eval/bon2/lc_pref", "eval/sft/distinct_2"} <= set(header)
+    # #19: every policy's high-reward audit and counterfactual table under the proxy, with gold
+    audit = (run / "audit.md").read_text()
+    assert all(f"## {name}\n" in audit for name in rows)
+    assert "| rank | reward | disagreement | length | judge | d_truncate_50% |" in audit
+    assert sorted(results["counterfactual"]) == sorted(rows)
+    pad = {r["transform"]: r for r in results["counterfactual"]["sft"]}["pad_filler"]
+    assert pad["changed"] == 12 and "judge_delta" in pad  # 6 prompts x 2 samples, every one padded
+    assert "## sft (12 samples)" in (run / "counterfactual.md").read_text()

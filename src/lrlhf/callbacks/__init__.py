@@ -5,6 +5,7 @@ and the console's: progress in rollouts or steps, a clean stop on SIGTERM / SIGI
 Each takes plain keyword arguments, so a Hydra ``callbacks/<name>.yaml`` with a ``_target_`` builds it.
 """
 
+from lrlhf.callbacks.audit import HighRewardAudit
 from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
 from lrlhf.callbacks.csv_logger import ResumableCSVLogger
 from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
@@ -16,6 +17,7 @@ from lrlhf.eval.plots import plot_goodhart  # kept importable from here; it live
 
 __all__ = [
     "HeldOutUtilityEarlyStopping",
+    "HighRewardAudit",
     "KLControlCallback",
     "ResumableCSVLogger",
     "ResumableCheckpoint",

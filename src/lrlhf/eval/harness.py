@@ -15,7 +15,9 @@ model folder) and for Best-of-N under the proxy reward model (sampled from the r
 
 Outputs in the run folder: ``eval_table.md`` / ``eval_table.csv``, ``eval_results.json``, ``utility_vs_kl.png``
 (policies and the BoN curve N = 1..``bon.curve_max`` from one pool, :func:`bon_expected`) and ``goodhart.png`` (the
-held-out evaluations a PPO stage made at its checkpoints); numbers and images also go to the logger if any.
+held-out evaluations a PPO stage made at its checkpoints); with ``eval.audit``, ``audit.md`` (each policy's
+top-reward samples, :mod:`lrlhf.eval.audit`) and ``counterfactual.md`` (how the proxy moves under edits the task
+does not reward, :mod:`lrlhf.eval.counterfactual`); numbers and images also go to the logger if any.
 
 Sampling and measuring are :func:`lrlhf.eval.heldout.sample_held_out`'s (the early-stopping callback's path too);
 the plots are :mod:`lrlhf.eval.plots`'.
@@ -303,12 +305,31 @@ def run_eval(cfg, out_dir: Path) -> dict:
     results = {"prompts": len(prompts), "n_samples": ev.n_samples, "sampling": sampling.__dict__,
                "judge": getattr(judge, "__name__", type(judge).__name__), "baseline": ev.baseline,
                "policies": policies, "rows": rows, "bon_curve": [{"n": n, "kl": k, "gold": g} for n, k, g in curve]}
+    if ev.get("audit"):  # the high-reward audit and the counterfactual table of every policy (audit.md, ...)
+        results["counterfactual"] = _audits(evaluated, prompts, reward_model, tokenizer, calibration, judge, ev,
+                                            out_dir, cfg.seed)
     atomic_write_text(out_dir / "eval_results.json", json.dumps(results, indent=2, default=list) + "\n")
     if cfg.get("logger"):
         _log(instantiate(cfg.logger), rows, plots, cfg)
     return {"table": str(md), "csv": str(csv_path), "results": str(out_dir / "eval_results.json"), "plots": plots,
             "table_markdown": md.read_text(), **{f"gold/{r['policy']}": r.get("gold") for r in rows},
             "export": str(out_dir)}
+
+
+def _audits(evaluated, prompts, reward_model, tokenizer, calibration, judge, ev, out_dir, seed) -> dict:
+    """:func:`lrlhf.eval.audit.write_policy_audits` under the proxy (calibrated) and the pointwise judge."""
+    from lrlhf.eval.audit import write_policy_audits
+    from lrlhf.eval.best_of_n import reward_model_scorer
+
+    raw = reward_model_scorer(reward_model, tokenizer, batch_size=ev.batch_size)
+
+    def score(records, texts):
+        values = raw(records, texts)
+        return [calibration.normalise(v) for v in values] if calibration is not None else values
+
+    pointwise = None if is_pairwise(judge) else (lambda records, texts: score_responses(judge, records, texts))
+    return write_policy_audits(evaluated, prompts, score, pointwise, int(ev.audit.top_k), ev.audit.get("max_samples"),
+                               out_dir, seed)
 
 
 def _goodhart_history(cfg) -> tuple[dict, str] | None:

@@ -1,0 +1,88 @@
+"""The high-reward audit during PPO / RLOO / GRPO: every N rollouts, the rollout's top-reward samples with their
+reward, the ensemble's disagreement, length, counterfactual deltas and a judge's utility (the toy world's gold, or
+a held-out judge), as a W&B table (``audit``; a CSV without W&B) and appended to ``<run>/audit.md``
+(:mod:`lrlhf.eval.audit`). With several processes each rank audits its own rollout (the rescoring forwards are
+collective under FSDP) and rank 0's is written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+
+from lrlhf.data.records import PromptExample
+
+
+class HighRewardAudit(pl.Callback):
+    """Args: every_n_rollouts: audit rollouts ``N, 2N, ...``; top_k: samples per audit; judge: a judge spec
+    (``toy_gold``, ``rm:<folder>``, ``module:callable``; :func:`lrlhf.eval.judges.resolve_judge`) or None;
+    transforms: counterfactual transformations (None: :data:`lrlhf.eval.counterfactual.DEFAULT_TRANSFORMS`);
+    path: the Markdown file (None: ``<trainer.default_root_dir>/audit.md``)."""
+
+    def __init__(self, every_n_rollouts: int = 10, top_k: int = 8, judge=None, transforms=None,
+                 path: str | None = None):
+        for key, value in (("every_n_rollouts", every_n_rollouts), ("top_k", top_k)):
+            if value < 1:
+                raise ValueError(f"callbacks.audit.{key} must be >= 1, got {value}")
+        self.every, self.top_k, self.judge_spec, self.path = every_n_rollouts, top_k, judge, path
+        self.transforms = transforms
+        self.judge = None
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if not hasattr(pl_module, "rollouts_done"):
+            raise ValueError(f"callbacks.audit (HighRewardAudit) audits rollouts: use it with PPO, RLOO or GRPO, not "
+                             f"{type(pl_module).__name__} (callbacks.audit=null)")
+        pl_module.keep_last_rollout = True
+        if self.judge_spec is not None and self.judge is None:
+            from lrlhf.eval.judges import resolve_judge
+
+            self.judge = resolve_judge(self.judge_spec, key="callbacks.audit.judge")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        kept = getattr(pl_module, "last_rollout", None)
+        if kept is None or pl_module.rollouts_done % self.every:
+            return  # every rank audits its own rollout (rescoring is collective under FSDP); rank 0 writes
+        self.audit(trainer, pl_module, *kept)
+
+    @torch.no_grad()
+    def audit(self, trainer, pl_module, batch: dict, rollout, disagreement) -> None:
+        from lrlhf.eval.audit import audit_markdown, audit_rows
+        from lrlhf.eval.counterfactual import DEFAULT_TRANSFORMS
+        from lrlhf.modules.samples import log_table
+        from lrlhf.utils.io import atomic_write_text
+
+        tok = pl_module.tokenizer
+        k = len(rollout) // len(batch["prompts"])
+        prompts = [PromptExample(batch["prompts"][i // k], meta=batch["meta"][i // k]) for i in range(len(rollout))]
+        lengths = rollout.masks.lengths.tolist()
+        responses = [tok.decode(rollout.response_ids[i, :n].tolist(), skip_special_tokens=True).strip()
+                     for i, n in enumerate(lengths)]
+
+        def rescore(indices: list[int], texts: list[str]) -> list[float]:
+            if not indices:
+                return []
+            eos = pl_module.eos_token_ids[0]
+            ids = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts]
+            width = max(len(x) for x in ids)
+            resp = torch.full((len(ids), width), pl_module.pad_token_id, dtype=torch.long)
+            mask = torch.zeros((len(ids), width), dtype=rollout.query_mask.dtype)
+            for j, x in enumerate(ids):
+                resp[j, :len(x)], mask[j, :len(x)] = torch.tensor(x), 1
+            rows = torch.tensor(indices)
+            query, query_mask = rollout.query_ids[rows], rollout.query_mask[rows]
+            raw = pl_module.reward_model.score(torch.cat([query, resp.to(query.device)], 1),
+                                               torch.cat([query_mask, mask.to(query.device)], 1)).float()
+            calibration = pl_module.calibration
+            return (calibration.normalise(raw) if calibration is not None else raw).tolist()
+
+        columns, rows = audit_rows(prompts, responses, rollout.scores.tolist(), lengths, rescore,
+                                   None if disagreement is None else disagreement.tolist(), self.judge,
+                                   self.transforms or DEFAULT_TRANSFORMS, self.top_k, seed=pl_module.rollouts_done)
+        log_table(pl_module, "audit", ["rollout", *columns], [[pl_module.rollouts_done, *r] for r in rows])
+        if not trainer.is_global_zero:
+            return
+        path = Path(self.path) if self.path else Path(trainer.default_root_dir) / "audit.md"
+        old = path.read_text() if path.is_file() else "# High-reward audit\n\n"
+        title = f"rollout {pl_module.rollouts_done} (step {trainer.global_step})"
+        atomic_write_text(path, old + audit_markdown(columns, rows, title) + "\n")
