@@ -156,3 +156,42 @@ def test_toy_gold_on_prompts_without_a_task_is_refused_at_setup():
     with pytest.raises(ValueError, match=r"callbacks\.early_stopping\.utility=toy_gold: prompt 1 of "
                                          r"callbacks\.early_stopping\.prompts \(and 2 more\) has no toy-world task"):
         HeldOutUtilityEarlyStopping(real, plot=False)
+
+
+class ScriptedEnsemble(HeldOutUtilityEarlyStopping):
+    """Scripted proxy and ensemble disagreement; the utility is the proxy (``utility="proxy"``)."""
+
+    def __init__(self, proxies, spreads, **kw):
+        super().__init__(utility="proxy", **kw)
+        self.proxies, self.spreads = list(proxies), list(spreads)
+
+    def evaluate(self, trainer, pl_module):
+        i = len(self.history)
+        return {"utility": self.proxies[i], "proxy": self.proxies[i], "kl": 0.5 * i, "length": 1.0,
+                "disagreement": self.spreads[i]}
+
+
+def test_a_disagreement_rise_stops_and_keeps_the_best_proxy_before_it(world, tokenizer, tmp_path):
+    # rise 0.5 over rollout 0's 1.0: 1.6 at rollout 3 is the first above 1.5 -> stop there, keep rollout 2
+    es = ScriptedEnsemble([0.0, 0.1, 0.2, 0.3, 0.4, 0.5], [1.0, 1.1, 1.5, 1.6, 2.0, 2.0],
+                          prompts=str(world.eval_prompts), every_n_rollouts=1, patience=None, max_disagreement_rise=0.5)
+    module = make_module(world, tokenizer)
+    trainer = make_trainer(tmp_path, 5, module, [es, ResumableCheckpoint(dirpath=tmp_path / "ckpt")])
+    trainer.fit(module, datamodule=make_data(world, tokenizer))
+    assert module.rollouts_done == 3 and es.stopped_at == 3
+    assert [h.get("disagreement_risen") for h in es.history] == [False, False, False, True]
+    assert es.best["rollout"] == 2  # the best proxy before the rise, never the higher proxy of rollout 3
+    assert torch.load(tmp_path / "ckpt" / "best.ckpt", weights_only=True)["lrlhf"]["rollouts_done"] == 2
+    summary = json.loads((tmp_path / "heldout_history.json").read_text())
+    assert summary["utility"] == "proxy" and summary["max_disagreement_rise"] == 0.5
+
+
+def test_the_disagreement_guard_is_refused_without_an_ensemble_or_with_a_bare_proxy(world, tokenizer, tmp_path):
+    with pytest.raises(ValueError, match="callbacks.early_stopping.utility proxy .* needs max_disagreement_rise"):
+        HeldOutUtilityEarlyStopping(prompts=str(world.eval_prompts), utility="proxy")
+    es = HeldOutUtilityEarlyStopping(prompts=str(world.eval_prompts), every_n_rollouts=1, max_disagreement_rise=0.5)
+    module = make_module(world, tokenizer)  # a single reward model
+    trainer = make_trainer(tmp_path, 2, module, [es])
+    with pytest.raises(ValueError, match="single model \\(use reward=ensemble\\)"):
+        trainer.fit(module, datamodule=make_data(world, tokenizer))
+    assert module.rollouts_done == 0  # refused at rollout 0, before any update

@@ -1,4 +1,5 @@
-"""Early stopping on held-out utility, never on the training reward (seed 000 §10.2, Gao et al. 2022).
+"""Early stopping on held-out utility, not on the training reward (seed 000 §10.2, Gao et al. 2022); without a
+judge, on a reward ensemble's held-out disagreement (``max_disagreement_rise``).
 
 Every ``every_n_rollouts`` rollouts :class:`HeldOutUtilityEarlyStopping` samples responses to a fixed set of
 held-out prompts (disjoint from the RL prompts) with the policy's sampling config and a fixed seed, in a forked
@@ -55,7 +56,8 @@ class HeldOutUtilityEarlyStopping(Callback):
         prompts: held-out prompts: a path read with ``load_records(path, "prompt")`` or a list of records.
         utility: ``"toy_gold"``, ``"rm:<folder>"``, ``"<module>:<callable>"``, a callable
             ``(prompt_record, response_text) -> float``, or an object with ``score_batch(records, texts)``
-            (:func:`lrlhf.eval.judges.resolve_judge`). Must not be the training reward model.
+            (:func:`lrlhf.eval.judges.resolve_judge`). Must not be the training reward model, except as ``"proxy"``
+            with ``max_disagreement_rise`` (no judge: the disagreement decides when to stop).
         every_n_rollouts: evaluate after every n-th rollout.
         patience: evaluations without improvement before stopping; None = never stop (still keeps the best).
         min_delta: an improvement counts when ``utility > best + min_delta``.
@@ -68,6 +70,10 @@ class HeldOutUtilityEarlyStopping(Callback):
         plot: write the Goodhart plot (needs matplotlib).
         max_prompt_length: prompts are cut (from the left) to this many tokens.
         max_prompts: the first N prompts only (each evaluation costs a sampling pass over them); None = all.
+        max_disagreement_rise: with an ensemble reward (``reward=ensemble``), a warning that needs no gold: an
+            evaluation whose held-out disagreement (the members' std) exceeds ``(1 + max_disagreement_rise)`` times
+            rollout 0's is not a candidate, and training stops there. With ``utility="proxy"`` (the run's own
+            held-out reward, allowed only with this guard) the kept checkpoint is the best-proxy one before the rise.
     """
 
     def __init__(
@@ -85,13 +91,19 @@ class HeldOutUtilityEarlyStopping(Callback):
         plot: bool = True,
         max_prompt_length: int = 1024,
         max_prompts: int | None = None,
+        max_disagreement_rise: float | None = None,
     ):
         checks = [("every_n_rollouts", every_n_rollouts >= 1, "must be >= 1"),
                   ("patience", patience is None or patience >= 1, "must be >= 1 or None"),
                   ("min_delta", min_delta >= 0, "must be >= 0"),
                   ("n_samples", n_samples >= 1, "must be >= 1"),
                   ("batch_size", batch_size >= 1, "must be >= 1"),
-                  ("max_prompts", max_prompts is None or max_prompts >= 1, "must be >= 1 or None")]
+                  ("max_prompts", max_prompts is None or max_prompts >= 1, "must be >= 1 or None"),
+                  ("max_disagreement_rise", max_disagreement_rise is None or max_disagreement_rise > 0,
+                   "must be > 0 or None"),
+                  ("utility", utility != "proxy" or max_disagreement_rise is not None,
+                   "proxy (the training reward) needs max_disagreement_rise: alone it keeps the most over-optimised "
+                   "checkpoint")]
         for key, ok, rule in checks:
             if not ok:
                 raise ValueError(f"callbacks.early_stopping.{key} {rule}, got {locals()[key]!r}")
@@ -102,7 +114,8 @@ class HeldOutUtilityEarlyStopping(Callback):
         self.prompts = [as_prompt(p) for p in prompts][:max_prompts]
         if not self.prompts:
             raise ValueError("callbacks.early_stopping.prompts is empty")
-        self.utility = resolve_judge(utility, key="callbacks.early_stopping.utility")
+        self.utility = None if utility == "proxy" else resolve_judge(utility, key="callbacks.early_stopping.utility")
+        self.max_disagreement_rise = max_disagreement_rise
         untasked = [i for i, p in enumerate(self.prompts) if "task" not in p.meta]
         if utility == "toy_gold" and untasked:  # checked now, not after the first rollout
             raise ValueError(f"callbacks.early_stopping.utility=toy_gold: prompt {untasked[0] + 1} of "
@@ -139,17 +152,25 @@ class HeldOutUtilityEarlyStopping(Callback):
     # ----------------------------------------------------------------------------------- evaluation
     @torch.no_grad()
     def evaluate(self, trainer: pl.Trainer, pl_module) -> dict[str, float]:
-        """``{"utility", "proxy", "kl", "length"}`` means over the held-out samples (see the module docstring).
+        """``{"utility", "proxy", "kl", "length"}`` means over the held-out samples (see the module docstring), and
+        ``disagreement`` with an ensemble reward (its members' std).
 
         Uses the PPO module's hooks (:class:`~lrlhf.eval.heldout.ModuleHooks`): ``generate`` (its sampling config),
         ``policy_forward``, ``reference_logprobs``, ``score`` and ``calibration``. Override to evaluate something
         else.
         """
+        take = getattr(pl_module, "take_disagreement", lambda: None)  # an ensemble reward's (PPOModule)
+        take()
         samples = sample_held_out(ModuleHooks(pl_module), self.prompts, self.n_samples, self.seed, self.batch_size,
                                   self.max_prompt_length)
-        utilities = score_responses(self.utility, samples.records, samples.texts)
-        return {"utility": sum(utilities) / len(utilities), "proxy": samples.proxy.mean().item(),
-                "kl": samples.kl.mean().item(), "length": samples.lengths.float().mean().item()}
+        utilities = samples.proxy.tolist() if self.utility is None else score_responses(self.utility, samples.records,
+                                                                                        samples.texts)
+        result = {"utility": sum(utilities) / len(utilities), "proxy": samples.proxy.mean().item(),
+                  "kl": samples.kl.mean().item(), "length": samples.lengths.float().mean().item()}
+        spread = take()
+        if spread is not None:  # the members' disagreement on the held-out samples: a warning that needs no gold
+            result["disagreement"] = spread.mean().item()
+        return result
 
     # ---------------------------------------------------------------------------------------- hooks
     def setup(self, trainer, pl_module, stage: str) -> None:
@@ -182,7 +203,14 @@ class HeldOutUtilityEarlyStopping(Callback):
         if rollouts == 0 or rollouts % self.every_n_rollouts:
             return
         self._evaluate_and_keep(trainer, pl_module, rollouts)
-        if self.patience is not None and self.wait >= self.patience:
+        if self.history[-1].get("disagreement_risen"):
+            self.stopped_at = rollouts
+            trainer.should_stop = True
+            rank_zero_info(f"early stopping at rollout {rollouts}: the reward ensemble's held-out disagreement "
+                           f"{self.history[-1]['disagreement']:.4f} rose above (1 + {self.max_disagreement_rise:g}) x "
+                           f"{self.history[0]['disagreement']:.4f} (rollout 0); kept rollout {self.best['rollout']} "
+                           f"({self.best_model_path})")
+        elif self.patience is not None and self.wait >= self.patience:
             self.stopped_at = rollouts
             trainer.should_stop = True
             rank_zero_info(f"early stopping at rollout {rollouts}: {self.wait} evaluations without an improvement "
@@ -206,10 +234,17 @@ class HeldOutUtilityEarlyStopping(Callback):
 
     def _evaluate_and_keep(self, trainer, pl_module, rollouts: int) -> None:
         result = {"rollout": rollouts, "global_step": trainer.global_step, **self.evaluate(trainer, pl_module)}
+        if self.max_disagreement_rise is not None:
+            if "disagreement" not in result:
+                raise ValueError("callbacks.early_stopping.max_disagreement_rise watches a reward ensemble's "
+                                 "disagreement: the reward is a single model (use reward=ensemble)")
+            start = self.history[0]["disagreement"] if self.history else result["disagreement"]
+            result["disagreement_risen"] = result["disagreement"] > (1 + self.max_disagreement_rise) * start
         self.history.append(result)
         index = len(self.history) - 1
         best = self.best
-        improved = best is None or result["utility"] > best["utility"] + self.min_delta
+        improved = not result.get("disagreement_risen") and (
+            best is None or result["utility"] > best["utility"] + self.min_delta)
         if improved:
             self.best_index, self.wait = index, 0
             if self.save_best:
@@ -225,7 +260,9 @@ class HeldOutUtilityEarlyStopping(Callback):
         if rollouts > 0:  # rollout 0 runs in on_train_start, where Lightning's step logging does not apply
             pl_module.log_dict({"heldout/utility": result["utility"], "heldout/proxy": result["proxy"],
                                 "heldout/kl_seq": result["kl"], "heldout/length": result["length"],
-                                "heldout/best_utility": self.best["utility"]}, batch_size=1)
+                                "heldout/best_utility": self.best["utility"],
+                                **({"heldout/disagreement": result["disagreement"]} if "disagreement" in result
+                                   else {})}, batch_size=1)
         what = "the starting policy, before any update" if rollouts == 0 else f"rollout {rollouts}"
         rank_zero_info(f"held-out eval {index} ({what}): utility {result['utility']:.4f}, proxy "
                        f"{result['proxy']:.4f}, KL {result['kl']:.3f}; best {self.best['utility']:.4f} at rollout "
@@ -291,7 +328,9 @@ class HeldOutUtilityEarlyStopping(Callback):
         summary = {"history": self.history, "best_index": self.best_index, "best_model_path": self.best_model_path,
                    "kept_starting_policy": self.kept_start,
                    "stopped_at": self.stopped_at, "min_delta": self.min_delta, "patience": self.patience,
-                   "utility": getattr(self.utility, "__name__", type(self.utility).__name__)}
+                   "utility": "proxy" if self.utility is None else getattr(self.utility, "__name__",
+                                                                            type(self.utility).__name__),
+                   "max_disagreement_rise": self.max_disagreement_rise}
         atomic_write_text(log_dir / "heldout_history.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
         if not self.plot:
             return
