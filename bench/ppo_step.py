@@ -1,9 +1,12 @@
 """Time one PPO step by phase (generate, score, update) and report the peak RSS.
 
     PYTHONPATH=src python bench/ppo_step.py [--model DIR [--gguf FILE]] [--batch 32] [--new 32] [--steps 3]
+        [--ensemble N]
 
 Without ``--model`` the toy world's tiny Llama is built in a temporary folder (policy and reward model alike);
 with it, the same model also serves as a random-head reward model (timings only: the rewards mean nothing).
+``--ensemble N``: the reward is an ensemble of N such models (full copies, mean - std; issue #19's cost per PPO
+iteration with N members).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main() -> None:
     parser.add_argument("--minibatch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=3, help="rollouts timed (the first is reported apart)")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--ensemble", type=int, default=0, help="N > 0: an ensemble of N reward models")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -88,7 +92,16 @@ def main() -> None:
             times["update"].append(time.perf_counter() - t)
             return out
 
-    module = Timed(load_causal_lm(cfg), ScalarModel(load_causal_lm(cfg)), tokenizer, config,
+    if args.ensemble:
+        from lrlhf.functional import MeanMinusStd
+        from lrlhf.models.ensemble import RewardEnsembleModel
+        from lrlhf.models.reward import RewardCalibration
+
+        reward = RewardEnsembleModel([ScalarModel(load_causal_lm(cfg)) for _ in range(args.ensemble)],
+                                     [RewardCalibration(0.0, 1.0, 0)] * args.ensemble, MeanMinusStd(1.0))
+    else:
+        reward = ScalarModel(load_causal_lm(cfg))
+    module = Timed(load_causal_lm(cfg), reward, tokenizer, config,
                    critic=ValueAdapter(LoraSpec(r=8)))
     module.configure_model()
     data = PromptDataModule(tokenizer, train=prompts, batch_size=args.batch, max_length=128)
@@ -97,7 +110,8 @@ def main() -> None:
                       max_steps=args.steps * module.updates_per_rollout(args.batch))
     trainer.fit(module, datamodule=data)
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(f"model: {cfg.name_or_path}{' / ' + cfg.gguf_file if cfg.gguf_file else ''}; threads "
+    print(f"model: {cfg.name_or_path}{' / ' + cfg.gguf_file if cfg.gguf_file else ''}; reward: "
+          f"{f'ensemble of {args.ensemble}' if args.ensemble else 'one model'}; threads "
           f"{torch.get_num_threads()}; batch {args.batch} prompts, {args.new} new tokens, {args.epochs} epochs x "
           f"minibatch {args.minibatch} ({module.updates_per_rollout(args.batch)} optimiser steps per rollout)")
     for phase in ("generate", "score", "update"):
