@@ -33,6 +33,19 @@ def _compose(overrides):
         return compose(config_name="train", overrides=overrides, return_hydra_config=False)
 
 
+def _dep_composer(cache_dir):
+    """``compose(recipe, shared_overrides)`` for :func:`planning.plan`: a needed stage's config, cached under
+    ``cache_dir``, its run folder ``.`` (nothing is built)."""
+
+    def compose_dep(name, shared):
+        dep = _compose([f"recipe={name}", f"paths.cache_dir={cache_dir}", *shared])
+        with open_dict(dep):
+            dep.paths.run_dir = "."
+        return dep
+
+    return compose_dep
+
+
 def _train(tmp_path, *args, env=None, check=True):
     environment = {**os.environ, "LRLHF_CACHE_DIR": str(tmp_path / "cache"), "WANDB_MODE": "offline",
                    "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT / "tests")]), **(env or {})}
@@ -68,12 +81,7 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
     first_line = (ROOT / "recipes" / f"{recipe}.yaml").read_text().splitlines()[0]
     assert first_line == f"# python train.py recipe={recipe}"  # each recipe opens with its launch command
 
-    def compose_dep(name, shared):
-        dep = _compose([f"recipe={name}", f"paths.cache_dir={tmp_path}", *shared])
-        with open_dict(dep):
-            dep.paths.run_dir = "."
-        return dep
-
+    compose_dep = _dep_composer(tmp_path)
     todo = planning.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
     needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"], "judge_rm": [],
              "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"],
@@ -123,12 +131,7 @@ def test_bad_values_fail_before_any_work_naming_the_key(tmp_path):
 def test_bad_eval_values_fail_before_any_stage_is_built(override, message, tmp_path):
     cfg = _compose(["recipe=eval", f"paths.cache_dir={tmp_path}", "paths.run_dir=.", override])
 
-    def compose_dep(name, shared):
-        dep = _compose([f"recipe={name}", f"paths.cache_dir={tmp_path}", *shared])
-        with open_dict(dep):
-            dep.paths.run_dir = "."
-        return dep
-
+    compose_dep = _dep_composer(tmp_path)
     with pytest.raises(ValueError, match=message):
         planning.plan(cfg, [], compose_dep)  # run() plans (and so validates) before it builds anything
     assert not (tmp_path / "worlds").exists() and not (tmp_path / "stages").exists()

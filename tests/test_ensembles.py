@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 from omegaconf import open_dict
-from test_cli import ROOT, _compose, _tiny, _train
+from test_cli import ROOT, _compose, _dep_composer, _tiny, _train
 
 from lrlhf import planning
 from lrlhf.models import load_reward_model
@@ -59,12 +59,7 @@ def test_an_ensemble_trains_once_and_ppo_optimises_it_conservatively(tmp_path):
 def test_bad_ensemble_settings_fail_before_any_stage_is_built(override, message, tmp_path):
     cfg = _compose(["recipe=rm_ensemble", f"paths.cache_dir={tmp_path}", "paths.run_dir=.", *override.split()])
 
-    def compose_dep(name, shared):
-        dep = _compose([f"recipe={name}", f"paths.cache_dir={tmp_path}", *shared])
-        with open_dict(dep):
-            dep.paths.run_dir = "."
-        return dep
-
+    compose_dep = _dep_composer(tmp_path)
     with pytest.raises(ValueError, match=message):
         planning.plan(cfg, [], compose_dep)
     assert not (tmp_path / "worlds").exists() and not (tmp_path / "stages").exists()
