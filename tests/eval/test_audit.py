@@ -13,8 +13,8 @@ def test_audit_rows_by_hand():
     def rescore(indices, texts):  # a reward of 0.1 per word plus the sample's index
         return [0.1 * len(t.split()) + i for i, t in zip(indices, texts, strict=True)]
 
-    def judge(prompt, response):
-        return -float(len(response.split()))
+    def judge(prompts, responses):  # a batch scorer
+        return [-float(len(r.split())) for r in responses]
 
     columns, rows = audit_rows(prompts, responses, rewards, [4, 1, 2, 1], rescore, disagreement=[0.1, 0.2, 0.3, 0.4],
                                judge=judge, transforms=(PadFiller("pad", times=3), Truncate(0.5)), top_k=3)

@@ -47,8 +47,10 @@ class HighRewardAudit(pl.Callback):
 
     @torch.no_grad()
     def audit(self, trainer, pl_module, batch: dict, rollout, disagreement) -> None:
+        from lrlhf.data.collate import pad_sequences
         from lrlhf.eval.audit import audit_markdown, audit_rows
         from lrlhf.eval.counterfactual import DEFAULT_TRANSFORMS
+        from lrlhf.eval.judges import score_responses
         from lrlhf.modules.samples import log_table
         from lrlhf.utils.io import atomic_write_text
 
@@ -63,12 +65,9 @@ class HighRewardAudit(pl.Callback):
             if not indices:
                 return []
             eos = pl_module.eos_token_ids[0]
-            ids = [tok(t, add_special_tokens=False)["input_ids"] + [eos] for t in texts]
-            width = max(len(x) for x in ids)
-            resp = torch.full((len(ids), width), pl_module.pad_token_id, dtype=torch.long)
-            mask = torch.zeros((len(ids), width), dtype=rollout.query_mask.dtype)
-            for j, x in enumerate(ids):
-                resp[j, :len(x)], mask[j, :len(x)] = torch.tensor(x), 1
+            ids = [torch.tensor(tok(t, add_special_tokens=False)["input_ids"] + [eos]) for t in texts]
+            resp = pad_sequences(ids, pl_module.pad_token_id)
+            mask = pad_sequences([torch.ones(len(x), dtype=rollout.query_mask.dtype) for x in ids], 0)
             rows = torch.tensor(indices)
             query, query_mask = rollout.query_ids[rows], rollout.query_mask[rows]
             raw = pl_module.reward_model.score(torch.cat([query, resp.to(query.device)], 1),
@@ -77,7 +76,8 @@ class HighRewardAudit(pl.Callback):
             return (calibration.normalise(raw) if calibration is not None else raw).tolist()
 
         columns, rows = audit_rows(prompts, responses, rollout.scores.tolist(), lengths, rescore,
-                                   None if disagreement is None else disagreement.tolist(), self.judge,
+                                   None if disagreement is None else disagreement.tolist(),
+                                   None if self.judge is None else lambda p, t: score_responses(self.judge, p, t),
                                    self.transforms or DEFAULT_TRANSFORMS, self.top_k, seed=pl_module.rollouts_done)
         log_table(pl_module, "audit", ["rollout", *columns], [[pl_module.rollouts_done, *r] for r in rows])
         if not trainer.is_global_zero:

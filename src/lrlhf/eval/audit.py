@@ -24,13 +24,12 @@ def audit_rows(prompts: Sequence, responses: Sequence[str], rewards: Sequence[fl
                transforms: Sequence = DEFAULT_TRANSFORMS, top_k: int = 8, seed: int = 0) -> tuple[list[str], list]:
     """``(columns, rows)`` of the ``top_k`` highest-reward samples, best first.
 
+    ``judge``: a batch scorer ``(prompts, texts) -> utilities`` (as :func:`counterfactual_table`'s) or None.
     Columns: ``rank``, ``reward``, ``disagreement`` (None without an ensemble), ``length`` (tokens), ``judge``
     (None without one), ``d_<transform>`` for each transformation (the reward's change when the response is
     edited, both rescored by ``rescore`` so a decode/encode round trip cancels; None where the edit changes
     nothing), ``prompt`` (its last message), ``response``.
     """
-    from lrlhf.eval.judges import score_responses
-
     if not len(prompts) == len(responses) == len(rewards) == len(lengths):
         raise ValueError("audit_rows needs one prompt, response, reward and length per sample")
     top = sorted(range(len(rewards)), key=lambda i: -float(rewards[i]))[:top_k]
@@ -46,7 +45,7 @@ def audit_rows(prompts: Sequence, responses: Sequence[str], rewards: Sequence[fl
         for j, value in zip(changed, new, strict=True):
             column[j] = float(value) - float(base[j])
         deltas.append(column)
-    utilities = score_responses(judge, [prompts[i] for i in top], picked) if judge is not None else None
+    utilities = judge([prompts[i] for i in top], picked) if judge is not None else None
     columns = ["rank", "reward", "disagreement", "length", "judge", *(f"d_{t.name}" for t in transforms),
                "prompt", "response"]
     rows = []
@@ -96,11 +95,7 @@ def write_policy_audits(evaluated: dict, prompts: Sequence, score, judge, top_k:
         def rescore(indices, edited, flat_prompts=flat_prompts):
             return score([flat_prompts[i] for i in indices], edited)
 
-        judge_one = None
-        if judge is not None:
-            def judge_one(prompt, response, judge=judge):
-                return judge([prompt], [response])[0]
-        columns, rows = audit_rows(flat_prompts, texts, rewards, lengths, rescore, judge=judge_one, top_k=top_k,
+        columns, rows = audit_rows(flat_prompts, texts, rewards, lengths, rescore, judge=judge, top_k=top_k,
                                    seed=seed)
         audits.append(audit_markdown(columns, rows, name))
         k = len(texts) if max_samples is None else min(len(texts), max_samples)
