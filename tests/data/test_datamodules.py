@@ -162,13 +162,13 @@ def test_preference_pairs_rankings_and_packing(chatml):
         PreferencePair(prompt, [msg("assistant", "hello")], [msg("assistant", "bye")], target=1.0),
         PreferencePair(prompt, [msg("assistant", "ok")], [msg("assistant", "sure")], target=0.5),
     ]
-    dm = PreferenceDataModule(chatml, train=pairs, batch_size=2, max_length=32)
+    dm = PreferenceDataModule(chatml, train=pairs, batch_size=2, max_length=32, prefix_sharing=False)
     batch = next(iter(dm.train_dataloader()))
     assert batch["input_ids"].shape == (4, 8)
     assert sorted(batch["pair_targets"].tolist()) == [0.5, 1.0]
 
     rankings = [Ranking(prompt, [[msg("assistant", w)] for w in ("a", "b", "c")], [1, 2, 2])]
-    dm = PreferenceDataModule(chatml, train=rankings, batch_size=1, max_length=32)
+    dm = PreferenceDataModule(chatml, train=rankings, batch_size=1, max_length=32, prefix_sharing=False)
     batch = next(iter(dm.train_dataloader()))
     assert batch["group"].tolist() == [0, 0, 0] and batch["ranks"].tolist() == [1, 2, 2]
 
@@ -251,7 +251,10 @@ def test_a_too_long_ranking_answer_is_removed_not_its_group_and_every_drop_is_re
     assert dm.stats["train"].removed_answers == 1 and dm.stats["train"].dropped == {"too_long": 1}
     assert dm.reports["train"] == {
         "source": "ranks.v1.jsonl", "records": 3, "kept": 2, "dropped_reading": {},
-        "dropped_encoding": {"too_long": 1}, "truncated": 0, "removed_answers": 1}
+        "dropped_encoding": {"too_long": 1}, "truncated": 0, "removed_answers": 1,
+        # prompts of 6 tokens (<|im_start|> user hi <|im_end|> <|im_start|> assistant), answers of 2 (a <|im_end|>):
+        # 3 + 2 sequences of 8 tokens = 40, of which (3 - 1) * 6 + (2 - 1) * 6 = 18 are a repeated prompt
+        "prefix_share": 0.45}
     out = capsys.readouterr().out
     assert ("data train (ranks.v1.jsonl), encoded with max_length=24: 3 records -> 2 kept; dropped too_long 1; "
             "1 ranking answers removed as too long") in out

@@ -50,7 +50,10 @@ def test_datamodules_on_the_toy_world(world):
     pref = PreferenceDataModule(str(world.tokenizer), train=str(world.pref_train), batch_size=4, max_length=96)
     pref.setup("fit")
     pair_batch = next(iter(pref.train_dataloader()))
-    assert pair_batch["input_ids"].shape[0] == 8 and pair_batch["pair_targets"].shape == (4,)
+    # the toy prompts are about a third of a pair's tokens: prefix sharing is on (one row per pair)
+    assert pref.shares_prefixes and pref.prefix_shares["train"] > 0.2
+    assert pair_batch["input_ids"].shape[0] == 4 and pair_batch["lengths"].shape == (8,)
+    assert pair_batch["pair_targets"].shape == (4,)
 
     prompts = PromptDataModule(str(world.tokenizer), train=str(world.rl_prompts), batch_size=4, max_length=64)
     prompts.setup("fit")

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from lrlhf.data.collate import pad_to_multiple
 from lrlhf.data.datamodules import PreferenceDataModule
+from lrlhf.data.sharing import unshare_batch
 from lrlhf.data.toy import WorldSizes, build_world
 from lrlhf.functional import margin_summary, ranking_loss
 from lrlhf.models import LoraSpec, ModelConfig
@@ -327,7 +328,7 @@ def test_export_then_load_gives_the_same_scores(world, tmp_path, lora):
     assert (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file()
 
     loaded = load_reward_model(out)
-    batch = next(iter(datamodule.val_dataloader()))
+    batch = unshare_batch(next(iter(datamodule.val_dataloader())))  # the padded layout, as the loaded model takes
     module.eval()
     with torch.no_grad():
         expected, got = module.score(batch), loaded.score(batch["input_ids"], batch["attention_mask"])
@@ -340,7 +341,8 @@ def test_export_then_load_gives_the_same_scores(world, tmp_path, lora):
     assert saved == calibration and json.loads((out / CALIBRATION_FILE).read_text())["reference"] == "pref_val"
     # the frozen normalisation: the reference completions' rewards have mean 0, std 1 afterwards
     with torch.no_grad():
-        rewards = torch.cat([loaded.score(b["input_ids"], b["attention_mask"]) for b in datamodule.val_dataloader()])
+        rewards = torch.cat([loaded.score(b["input_ids"], b["attention_mask"])
+                             for b in map(unshare_batch, datamodule.val_dataloader())])
     normalised = saved.normalise(rewards)
     assert normalised.mean().item() == pytest.approx(0.0, abs=1e-5)
     assert normalised.std().item() == pytest.approx(1.0, abs=1e-5)

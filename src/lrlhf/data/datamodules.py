@@ -35,6 +35,7 @@ from lrlhf.data.collate import (
 )
 from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExample
 from lrlhf.data.sampler import ResumableSampler
+from lrlhf.data.sharing import AUTO_MIN_SHARE, collate_shared_pairs, collate_shared_rankings, prefix_share
 from lrlhf.data.tokenize import (
     LOSS_ON,
     SPECIAL_TEXT_POLICIES,
@@ -320,10 +321,26 @@ class PreferenceDataModule(ChatDataModule):
     """Preference pairs (:func:`collate_pairs`, packable) or K-way rankings (:func:`collate_rankings`).
 
     The record type decides: every record of a split must be a ``PreferencePair`` or every one a ``Ranking``.
+
+    Args:
+        prefix_sharing: ``"auto"`` (default), ``True`` or ``False``: batches in the prefix-shared layout
+            (:mod:`lrlhf.data.sharing`: each pair's or ranking's common prefix, the prompt at least, encoded once,
+            one row per pair). ``"auto"`` shares when prefixes hold at least ``AUTO_MIN_SHARE`` of the training
+            split's tokens (measured at setup, in ``prefix_shares`` and the data report). Never with ``packing``.
+        Others: :class:`ChatDataModule`'s.
     """
 
     record_kind = ("preference", "ranking")  # a source is read as pairs or, failing that, as rankings
     supports_packing = True
+
+    def __init__(self, tokenizer: Any, *, prefix_sharing: bool | str = "auto", **kwargs):
+        super().__init__(tokenizer, **kwargs)
+        if prefix_sharing not in ("auto", True, False):
+            raise ValueError(f"data.prefix_sharing={prefix_sharing!r}; choose auto, true or false")
+        if prefix_sharing is True and self.packing:
+            raise ValueError("data.prefix_sharing=true and data.packing=true exclude each other: choose one")
+        self.prefix_sharing = prefix_sharing
+        self.prefix_shares: dict[str, float] = {}  # per split: the fraction of tokens sharing saves
 
     def setup(self, stage: str | None = None) -> None:
         super().setup(stage)
@@ -331,6 +348,20 @@ class PreferenceDataModule(ChatDataModule):
             kinds = sorted({type(item).__name__ for item in items})
             if len(kinds) > 1:
                 raise ValueError(f"{split} split mixes {' and '.join(kinds)}; use one record type")
+            if not self.packing and split not in self.prefix_shares:
+                self.prefix_shares[split] = share = round(prefix_share(items), 4)
+                self.reports.setdefault(split, {})["prefix_share"] = share
+
+    @property
+    def shares_prefixes(self) -> bool:
+        """Whether batches come in the prefix-shared layout (decided on the training split's share, else the
+        first split set up, so every split of a run has one layout)."""
+        if self.packing or self.prefix_sharing is False:
+            return False
+        if self.prefix_sharing is True:
+            return True
+        share = self.prefix_shares.get("train", next(iter(self.prefix_shares.values()), 0.0))
+        return share >= AUTO_MIN_SHARE
 
     def encode(self, record, stats):
         kw = self._encode_kwargs()
@@ -351,6 +382,10 @@ class PreferenceDataModule(ChatDataModule):
     def collate(self, items):
         if self.packing:
             return collate_packed_pairs(items, self.pad_token_id)
+        if self.shares_prefixes:
+            if isinstance(items[0], EncodedRanking):
+                return collate_shared_rankings(items, self.pad_token_id)
+            return collate_shared_pairs(items, self.pad_token_id)
         if isinstance(items[0], EncodedRanking):
             return collate_rankings(items, self.pad_token_id)
         return collate_pairs(items, self.pad_token_id)

@@ -7,8 +7,9 @@ one extra no-grad forward per batch, no pass over the data before training and n
 data order or truncation.
 
 Batches are padded pair batches of :class:`lrlhf.data.PreferenceDataModule`: ``2B`` rows, chosen ``[0, B)`` then
-rejected ``[B, 2B)``, ``loss_mask`` on the completion tokens, ``pair_targets`` (B,) = P(chosen wins). The steps of
-:meth:`DPOModule.training_step`:
+rejected ``[B, 2B)``, ``loss_mask`` on the completion tokens, ``pair_targets`` (B,) = P(chosen wins); or their
+prefix-shared form (:mod:`lrlhf.data.sharing`: one row per pair, the prompt encoded once, the same sums). The steps
+of :meth:`DPOModule.training_step`:
 
 1. one policy forward over all ``2B`` rows; summed completion log-probs (:meth:`sequence_logprobs`);
 2. one no-grad reference forward over the same rows (:meth:`reference_logprobs`);
@@ -28,7 +29,9 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
+from lrlhf.data.sharing import is_shared, unshare_batch
 from lrlhf.functional import DPOStats, dpo_loss, masked_sum, token_logprobs
+from lrlhf.functional.sharing import shared_logprob_sums
 from lrlhf.models import (
     LoraSpec,
     ModelConfig,
@@ -39,6 +42,7 @@ from lrlhf.models import (
     load_tokenizer,
     reference_mode,
 )
+from lrlhf.models.sharing import can_share, shared_inputs
 from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
 from lrlhf.modules.sft import ExportPaths
 from lrlhf.modules.stage import StageOutputs
@@ -92,7 +96,7 @@ class PairLogprobs(NamedTuple):
 
 # ---------------------------------------------------------------------------------------------- module
 class DPOModule(StageOutputs, pl.LightningModule):
-    """DPO on pair batches of :class:`lrlhf.data.PreferenceDataModule` (padded, not packed).
+    """DPO on pair batches of :class:`lrlhf.data.PreferenceDataModule` (padded or prefix-shared, not packed).
 
     Args:
         model: a :class:`ModelConfig` (loaded in :meth:`configure_model`) or a ready causal LM without adapters.
@@ -131,14 +135,24 @@ class DPOModule(StageOutputs, pl.LightningModule):
         """Summed log-probs of each row's completion under the active model, in ONE forward over ``2B`` rows.
 
         ``logits[:, t]`` predicts ``input_ids[:, t + 1]`` and ``loss_mask[:, t + 1]`` marks it a target, so both
-        shift by one (as in SFT). Differentiable unless called under ``no_grad``.
+        shift by one (as in SFT). A prefix-shared batch (:mod:`lrlhf.data.sharing`) runs one row per pair and
+        gives the same sums (:func:`lrlhf.functional.sharing.shared_logprob_sums`). Differentiable unless called
+        under ``no_grad``.
         """
-        if "attention_mask" not in batch or "pair_targets" not in batch:
-            raise ValueError("DPOModule needs padded pair batches (PreferenceDataModule with packing=False)")
+        if "pair_targets" not in batch or not ("attention_mask" in batch or is_shared(batch)):
+            raise ValueError("DPOModule needs padded or prefix-shared pair batches (PreferenceDataModule with "
+                             "packing=False)")
+        n_pairs = batch["pair_targets"].shape[0]
+        if is_shared(batch) and not can_share(self.model):
+            batch = unshare_batch(batch)
+        if is_shared(batch):  # one row per pair: the prompt encoded once, each side's targets gathered from it
+            logits = self.model(**shared_inputs(self.model, batch)).logits  # (B, L, V)
+            sums = shared_logprob_sums(logits, batch["input_ids"], batch["gather_rows"], batch["gather_cols"],
+                                       batch["loss_mask"])  # (2B,)
+            return PairLogprobs(sums[:n_pairs], sums[n_pairs:])
         logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (2B, T, V)
         logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])  # (2B, T - 1)
         sums = masked_sum(logprobs, batch["loss_mask"][:, 1:], dim=1)  # (2B,)
-        n_pairs = batch["pair_targets"].shape[0]
         return PairLogprobs(sums[:n_pairs], sums[n_pairs:])
 
     @torch.no_grad()

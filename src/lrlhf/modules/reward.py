@@ -4,7 +4,9 @@ Batches come from :class:`lrlhf.data.PreferenceDataModule`:
 
 - pairs (padded): ``2B`` rows, chosen rows ``[0, B)`` then rejected rows ``[B, 2B)``, ``pair_targets`` (B,);
 - pairs (packed): rows holding whole pairs, ``chosen_end`` / ``rejected_end`` (B, 2) where each score is read;
-- rankings: ``N`` flattened completions with ``group`` and ``ranks`` (1 = best).
+- rankings: ``N`` flattened completions with ``group`` and ``ranks`` (1 = best);
+- prefix-shared pairs or rankings (:mod:`lrlhf.data.sharing`, the default where prompts are a large share of the
+  tokens): one row per pair or ranking, the prompt encoded once; the scores come out in the padded order.
 
 Every batch is scored in ONE forward pass (chosen and rejected together), then split.
 
@@ -32,7 +34,9 @@ from torchmetrics import CatMetric, MeanMetric, PearsonCorrCoef
 from torchmetrics.classification import BinaryAUROC, BinaryCalibrationError
 
 from lrlhf.data.collate import model_inputs, pad_to_multiple
+from lrlhf.data.sharing import is_shared, pad_shared_to_multiple, unshare_batch
 from lrlhf.functional import bradley_terry_loss, margin_summary, pairwise_accuracy, ranking_loss, ranking_pairs
+from lrlhf.functional.sharing import gather_last
 from lrlhf.models import (
     LoraSpec,
     ModelConfig,
@@ -55,6 +59,7 @@ from lrlhf.models.reward import (
     load_calibration,
     load_reward_model,
 )
+from lrlhf.models.sharing import can_share, shared_inputs
 from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
 from lrlhf.modules.reward_eval import compute_calibration
 from lrlhf.modules.stage import StageOutputs
@@ -254,9 +259,16 @@ class RewardModule(StageOutputs, pl.LightningModule):
     def score(self, batch: dict) -> Tensor:
         """Rewards of every completion of the batch in ONE forward pass.
 
-        Returns ``(2B,)`` for pairs (chosen ``[0, B)``, rejected ``[B, 2B)``, padded or packed alike) and
-        ``(N,)`` for rankings.
+        Returns ``(2B,)`` for pairs (chosen ``[0, B)``, rejected ``[B, 2B)``, padded, packed or prefix-shared
+        alike) and ``(N,)`` for rankings.
         """
+        if is_shared(batch) and not can_share(self.model.backbone):
+            batch = unshare_batch(batch)
+        if is_shared(batch):  # prefix-shared: one row per pair or ranking, read at each sequence's last token
+            if self.config.compile:
+                batch = pad_shared_to_multiple(batch, self.config.compile_pad_multiple)
+            hidden = self.model.hidden_states(**shared_inputs(self.model.backbone, batch))  # (G, L, H)
+            return self.model.head(gather_last(hidden, batch["gather_rows"], batch["gather_cols"], batch["lengths"]))
         if "chosen_end" in batch:  # packed: read each sequence's last token
             hidden = self.model.hidden_states(attention_mask=None, **model_inputs(batch))  # (R, L, H)
             ends = torch.cat([batch["chosen_end"], batch["rejected_end"]])  # (2B, 2)
