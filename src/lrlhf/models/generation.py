@@ -154,6 +154,8 @@ def sample_with_logprobs(
     pad_token_id: int,
     value_head=None,
     synced: bool = False,
+    decoding: str = "eager",
+    bucket: int = 64,
 ) -> tuple[torch.Tensor, ...]:
     """Plain temperature sampling with a KV cache: ``(response_ids, logprobs)``, ``(B, R)`` each.
 
@@ -184,9 +186,16 @@ def sample_with_logprobs(
     ``synced``: keep stepping (stopped rows get pads) until the rows of *every* rank have stopped, as
     ``generate(synced_gpus=True)`` does. Needed when the model's forward is a collective (FSDP gathers each
     unit's parameters from all ranks): a rank leaving the loop early would leave the others waiting in a forward.
+
+    ``decoding``: ``eager`` (a growing ``DynamicCache``), ``static`` or ``compiled`` (a preallocated
+    ``StaticCache`` of ``P + max_new_tokens`` columns rounded up to a multiple of ``bucket``, and a one-token step
+    of fixed shapes, ``torch.compile``-d for ``compiled``), or ``auto`` (:func:`lrlhf.models.decoding.resolve`:
+    compiled on CUDA, eager elsewhere). Every mode makes the same model calls on the same inputs, so ids and
+    log-probs agree with the eager sampler's to the kernels' rounding (see :mod:`lrlhf.models.decoding`).
     """
     from transformers import DynamicCache
 
+    from lrlhf.models.decoding import StaticDecoder, resolve
     from lrlhf.models.heads import capture_trunk_output
     from lrlhf.utils.compat import cache_keyword
 
@@ -198,11 +207,32 @@ def sample_with_logprobs(
     mask = attention_mask.long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     eos = torch.tensor(sorted(eos_token_ids), device=device, dtype=input_ids.dtype)
-    cache = DynamicCache(config=getattr(model, "config", None))
+    mode = resolve(decoding, device, synced)
+    if mode == "eager":
+        decoder = _EagerDecoder(model, {cache_keyword(model): DynamicCache(config=getattr(model, "config", None))})
+    else:
+        decoder = StaticDecoder(model, input_ids.shape, max_new_tokens, bucket, compiled=mode == "compiled")
     capture = capture_trunk_output(model) if value_head is not None else contextlib.nullcontext({})
     with capture as trunk:
-        return _sample_loop(model, input_ids, mask, positions, {cache_keyword(model): cache}, eos, trunk,
-                            value_head, max_new_tokens, temperature, pad_token_id, synced)
+        return _sample_loop(decoder, input_ids, mask, positions, eos, trunk, value_head, max_new_tokens,
+                            temperature, pad_token_id, synced)
+
+
+class _EagerDecoder:
+    """The eager decoding step: a ``DynamicCache`` that grows by one column per step, with the mask."""
+
+    def __init__(self, model, cache_kwargs: dict):
+        self.model, self.cache_kwargs = model, cache_kwargs
+
+    def prefill(self, input_ids, mask, positions):
+        self.mask = mask
+        return self.model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          logits_to_keep=1, **self.cache_kwargs).logits[:, -1]
+
+    def step(self, token, position, step: int):
+        self.mask = torch.cat([self.mask, torch.ones_like(self.mask[:, :1])], dim=1)
+        return self.model(input_ids=token[:, None], attention_mask=self.mask, position_ids=position,
+                          use_cache=True, **self.cache_kwargs).logits[:, -1]
 
 
 class CacheNotUsedError(InvariantError):
@@ -213,7 +243,7 @@ def _check_cache(model, cache_kwargs: dict, expected: int, when: str, windowed: 
     """The cache's length, or :class:`CacheNotUsedError` when it is not ``expected`` (``windowed``: a sliding
     window may cap it, then any length from 1 to ``expected`` is accepted)."""
     (keyword, cache), = cache_kwargs.items()
-    length = cache.get_seq_length()
+    length = int(cache.get_seq_length())  # a static cache returns its live counter tensor: copy it
     if length == expected or (windowed and 0 < length < expected):
         return length
     import transformers
@@ -226,20 +256,19 @@ def _check_cache(model, cache_kwargs: dict, expected: int, when: str, windowed: 
     )
 
 
-def _sample_loop(model, input_ids, mask, positions, cache_kwargs, eos, trunk, value_head, max_new_tokens,
-                 temperature, pad_token_id, synced):
+def _sample_loop(decoder, input_ids, mask, positions, eos, trunk, value_head, max_new_tokens, temperature,
+                 pad_token_id, synced):
     batch, device = input_ids.shape[0], input_ids.device
-    out = model(input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                logits_to_keep=1, **cache_kwargs)
+    model, cache_kwargs = decoder.model, decoder.cache_kwargs
+    logits = decoder.prefill(input_ids, mask, positions)  # (B, V) at the last column
     cached = _check_cache(model, cache_kwargs, input_ids.shape[1], "after the prefill", windowed=True)
     next_position = positions[:, -1:] + 1
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
-    ones = torch.ones(batch, 1, dtype=mask.dtype, device=device)
     tokens, logprobs, values = [], [], []
     for step in range(max_new_tokens):
         if value_head is not None:
             values.append(value_head(trunk["hidden"][:, -1]))
-        scores = out.logits[:, -1, :].float()
+        scores = logits.float()
         if temperature != 1.0:
             scores = scores / temperature
         token = sample_categorical(torch.softmax(scores, dim=-1))
@@ -252,9 +281,7 @@ def _sample_loop(model, input_ids, mask, positions, cache_kwargs, eos, trunk, va
             going = any_across_ranks(going)  # every rank takes the same number of (collective) forwards
         if step == max_new_tokens - 1 or not going:
             break
-        mask = torch.cat([mask, ones], dim=1)
-        out = model(input_ids=token[:, None], attention_mask=mask, position_ids=next_position, use_cache=True,
-                    **cache_kwargs)
+        logits = decoder.step(token, next_position, step)
         if step == 0:
             windowed = cached < input_ids.shape[1]  # a sliding-window cache already at its size
             _check_cache(model, cache_kwargs, cached + 1, "after the first decode step", windowed=windowed)

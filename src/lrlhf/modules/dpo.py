@@ -150,7 +150,8 @@ class DPOModule(StageOutputs, pl.LightningModule):
             sums = shared_logprob_sums(logits, batch["input_ids"], batch["gather_rows"], batch["gather_cols"],
                                        batch["loss_mask"])  # (2B,)
             return PairLogprobs(sums[:n_pairs], sums[n_pairs:])
-        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits  # (2B, T, V)
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            use_cache=False).logits  # (2B, T, V); no KV cache is built for a scoring pass
         logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])  # (2B, T - 1)
         sums = masked_sum(logprobs, batch["loss_mask"][:, 1:], dim=1)  # (2B,)
         return PairLogprobs(sums[:n_pairs], sums[n_pairs:])

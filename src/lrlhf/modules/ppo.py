@@ -231,9 +231,10 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         """Step 2, the one sampling hook: :class:`Sampled` ``(response_ids, logprobs, values)``, ``(B, R)`` each,
         ``R <= max_new_tokens`` (None = ``module.config.max_new_tokens``), the policy adapter active, no dropout.
 
-        Here :func:`sample_with_logprobs`: temperature sampling (top-k 0, top-p 1) with a KV cache and the global
-        torch RNG, with each token's log-prob under the distribution it was drawn from (the old logprobs) and a
-        shared-trunk critic's values. A subclass returning ``Sampled(ids)`` gets them from scoring forwards.
+        Here :func:`sample_with_logprobs`: temperature sampling (top-k 0, top-p 1) with a KV cache
+        (``module.config.decoding``: eager, static or compiled) and the global torch RNG, with each token's
+        log-prob under the distribution it was drawn from (the old logprobs) and a shared-trunk critic's values.
+        A subclass returning ``Sampled(ids)`` gets them from scoring forwards.
         """
         self.use_adapter(POLICY)
         fsdp_root = self._trainer.strategy.model if self._trainer is not None else None
@@ -242,7 +243,8 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
                 self.model, query_ids, query_mask, max_new_tokens=max_new_tokens or self.config.max_new_tokens,
                 temperature=self.config.temperature, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                 value_head=self.critic.sampling_head if self.critic is not None else None,
-                synced=forward_is_collective(self.model),
+                synced=forward_is_collective(self.model), decoding=self.config.decoding,
+                bucket=self.config.decoding_bucket,
             )
         return Sampled(*out)
 

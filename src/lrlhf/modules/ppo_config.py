@@ -8,6 +8,7 @@ from dataclasses import InitVar, dataclass
 
 from lrlhf.functional import KL_ESTIMATORS
 from lrlhf.models import LoraSpec
+from lrlhf.models.decoding import DECODING
 from lrlhf.models.generation import SamplingConfig
 from lrlhf.modules.optim import OptimConfig
 
@@ -33,6 +34,13 @@ class PPOConfig(OptimConfig):
     """Most tokens generated per response; a response without EOS by then is truncated (and counted)."""
     temperature: float = 1.0
     """Sampling temperature (> 0). Top-k 0 and top-p 1: logprobs are those of ``softmax(logits / T)``."""
+    decoding: str = "auto"
+    """The rollout sampler's decoding (:mod:`lrlhf.models.decoding`): ``eager`` (a growing KV cache), ``static``
+    (a preallocated one, fixed-shape steps), ``compiled`` (those steps ``torch.compile``-d: CUDA graphs on CUDA),
+    ``auto`` (compiled on CUDA, eager elsewhere; eager under FSDP)."""
+    decoding_bucket: int = 64
+    """Static/compiled decoding: the cache holds prompt + ``max_new_tokens`` columns rounded up to a multiple of
+    this, so a few compiled shapes serve every rollout."""
     kl_estimator: str = "k1"
     """Per-token KL estimator in the reward (and the KL the controller sees): a name in :data:`KL_ESTIMATORS`."""
     missing_eos_penalty: float | None = None
@@ -93,6 +101,8 @@ class PPOConfig(OptimConfig):
         checks = [
             ("max_new_tokens", self.max_new_tokens >= 1, "must be >= 1"),
             ("temperature", self.temperature > 0, "must be > 0 (PPO samples; greedy has no logprobs)"),
+            ("decoding", self.decoding in DECODING, f"must be one of {', '.join(DECODING)}"),
+            ("decoding_bucket", self.decoding_bucket >= 1, "must be >= 1"),
             ("kl_estimator", self.kl_estimator in KL_ESTIMATORS, f"must be one of {sorted(KL_ESTIMATORS)}"),
             ("score_clip", self.score_clip is None or self.score_clip > 0, "must be > 0 or None"),
             ("ppo_epochs", self.ppo_epochs >= 1, "must be >= 1"),

@@ -1,0 +1,81 @@
+"""Static-cache and compiled decoding (issue #18): the same ids and log-probs as the eager sampler for a seed, with
+left-padded prompts and rows that stop early; the compiled step is reused across rollouts of one bucket."""
+
+import pytest
+import torch
+
+from lrlhf.models.decoding import COMPILE_SECONDS, resolve
+from lrlhf.models.generation import sample_with_logprobs
+
+EOS = list(range(50, 64))  # 14 of the 64 ids stop a row: rows stop at different steps
+
+
+def _prompts(batch=5, width=7, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(2, 50, (batch, width), generator=g)
+    mask = torch.ones(batch, width, dtype=torch.long)
+    for row in range(1, batch):  # left padding of 0..batch-2 columns
+        mask[row, : row - 1] = 0
+        ids[row, : row - 1] = 1
+    return ids, mask
+
+
+def _sample(model, decoding, ids, mask, seed=0, value_head=None, new=12, bucket=8):
+    torch.manual_seed(seed)
+    return sample_with_logprobs(model.eval(), ids, mask, max_new_tokens=new, temperature=1.0, eos_token_ids=EOS,
+                                pad_token_id=1, value_head=value_head, decoding=decoding, bucket=bucket)
+
+
+def _same(got, expected):
+    assert torch.equal(got[0], expected[0])  # ids
+    for a, b in zip(got[1:], expected[1:], strict=True):  # log-probs (and values)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+
+
+def test_static_decoding_equals_eager(tiny_model):
+    ids, mask = _prompts()
+    eager = _sample(tiny_model, "eager", ids, mask)
+    stopped = (torch.isin(eager[0], torch.tensor(EOS))).any(dim=1)
+    assert stopped.any() and not stopped.all() or eager[0].shape[1] < 12  # some rows stop before others
+    _same(_sample(tiny_model, "static", ids, mask), eager)
+
+
+def test_static_decoding_with_a_value_head_equals_eager(tiny_llama):
+    ids, mask = _prompts()
+    head = torch.nn.Linear(tiny_llama.config.hidden_size, 1)
+    value_head = lambda hidden: head(hidden).squeeze(-1)  # noqa: E731
+    _same(_sample(tiny_llama, "static", ids, mask, value_head=value_head),
+          _sample(tiny_llama, "eager", ids, mask, value_head=value_head))
+
+
+def test_the_static_cache_is_reused_and_reset_between_rollouts(tiny_llama):
+    ids, mask = _prompts()
+    first = _sample(tiny_llama, "static", ids, mask, seed=1)
+    caches = tiny_llama.__dict__["_lrlhf_static_caches"]
+    cache = next(iter(caches.values()))
+    _same(_sample(tiny_llama, "static", ids, mask, seed=1), first)  # a reused cache holds nothing of the last
+    assert next(iter(caches.values())) is cache
+    short = _sample(tiny_llama, "static", ids[:, 2:], mask[:, 2:], seed=1)  # 5 + 12 columns: the same bucket
+    assert next(iter(caches.values())) is cache
+    _same(short, _sample(tiny_llama, "eager", ids[:, 2:], mask[:, 2:], seed=1))
+
+
+@pytest.mark.slow
+def test_compiled_decoding_equals_eager_and_compiles_once_per_bucket(tiny_llama):
+    ids, mask = _prompts()
+    eager = _sample(tiny_llama, "eager", ids, mask)
+    COMPILE_SECONDS.clear()
+    _same(_sample(tiny_llama, "compiled", ids, mask), eager)
+    assert list(COMPILE_SECONDS) == [(5, 24)]  # 7 + 12 columns rounded up to the bucket of 8
+    _same(_sample(tiny_llama, "compiled", ids[:, 1:], mask[:, 1:], seed=3),
+          _sample(tiny_llama, "eager", ids[:, 1:], mask[:, 1:], seed=3))
+    assert list(COMPILE_SECONDS) == [(5, 24)]  # 6 + 12 columns: the same bucket, the same compiled step
+
+
+def test_resolve():
+    assert resolve("auto", torch.device("cpu")) == "eager"
+    assert resolve("auto", torch.device("cuda")) == "compiled"
+    assert resolve("compiled", torch.device("cuda"), synced=True) == "eager"  # FSDP's collective forwards
+    assert resolve("static", "cpu") == "static"
+    with pytest.raises(ValueError, match="decoding='fast'"):
+        resolve("fast", "cpu")
