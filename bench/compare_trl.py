@@ -133,8 +133,9 @@ def ours_parts(model_dir: Path, prompts, args, reward: str = "separate"):
     from lrlhf.modules.ppo import RewardAdapter
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    decoding = getattr(args, "decoding", "auto").split(",")[0]
     config = PPOConfig(max_new_tokens=args.new, temperature=1.0, ppo_epochs=1, minibatch_size=args.batch // 2,
-                       forward_batch_size=args.batch, lr=1e-5, policy_lora=LoraSpec(r=8))
+                       forward_batch_size=args.batch, lr=1e-5, policy_lora=LoraSpec(r=8), decoding=decoding)
     critic = SharedTrunk() if getattr(args, "value_from_policy", False) else ValueAdapter(LoraSpec(r=8))
     cfg = ModelConfig(str(model_dir))
     if reward == "adapter":
@@ -447,6 +448,9 @@ def main() -> None:
     parser.add_argument("--value-from-policy", action="store_true",
                         help="ours with module/critic=shared_trunk (the critic's head on the policy's trunk)")
     parser.add_argument("--sampling", action="store_true", help="time our rollout sampler alone (tokens/s)")
+    parser.add_argument("--decoding", default="auto",
+                        help="ours: module.config.decoding (auto|eager|static|compiled); with --sampling a comma "
+                        "list is timed mode by mode on the same prompts, e.g. eager,static,compiled")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="both sides on this device")
     parser.add_argument("--shape", default="reference", choices=sorted(SHAPES),
                         help="model shape of the time and sampling runs (reference: the CPU config above)")

@@ -158,9 +158,13 @@ def _sampling(logs: Path) -> str:
     s = _load(logs / "sampling.json")
     if not s:
         return "no figures"
-    text = (f"**{s['tokens_per_s']:,.0f} tokens/s** ({s['rows']} rows x {max(s['columns'])} columns in "
-            f"{s['median_s']:.3f} s, median of {s['iters']} after {s['warmup']} warm-up; "
-            f"{1000 * s['median_s'] / max(s['columns']):.1f} ms per decode step)")
+    parts = []
+    for decoding, d in (s.get("decodings") or {"": s}).items():
+        parts.append(f"{decoding + ': ' if decoding else ''}**{d['tokens_per_s']:,.0f} tokens/s** ({s['rows']} rows x "
+                     f"{max(d['columns'])} columns in {d['median_s']:.3f} s, median of {s['iters']} after "
+                     f"{s['warmup']} warm-up; {1000 * d['median_s'] / max(d['columns']):.1f} ms per decode step"
+                     + (f"; compile {d['compile_s']:.1f} s" if d.get("compile_s") else "") + ")")
+    text = "; ".join(parts)
     if s.get("peak_cuda_gib") is not None:
         text += f"; peak CUDA memory {s['peak_cuda_gib']:.1f} GiB"
     return text

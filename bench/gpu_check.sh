@@ -13,7 +13,7 @@
 #      (hidden 896, 24 layers, 14/2 heads, intermediate 4864, vocab 32000, tied; random weights), 64 prompts,
 #      128 new tokens, bf16-mixed on both sides:
 #        python bench/compare_trl.py --device cuda --shape qwen05 --precision bf16-mixed --batch 64 --new 128 ...
-#   3. the rollout sampling throughput of our sampler (PPOModule.sample) at that shape:
+#   3. the rollout sampling throughput of our sampler (PPOModule.sample) at that shape, eager and compiled:
 #        python bench/compare_trl.py --sampling --device cuda --shape qwen05 --precision bf16-mixed ...
 # It ends with a Markdown block for bench/RESULTS.md (date, GPU, driver, versions, every figure with the
 # command that produced it), also written to <out>/block.md with every part's log.
@@ -161,8 +161,8 @@ grep -E "^\| (lrlhf|TRL)|^ratio|^our phases|^our rollout" "$LOGS/compare.log" | 
 
 # 3. our sampler's throughput
 run_part sampling "$(min "${SMP_TIMEOUT_S:-120}" $(($(left) - 5)))" \
-  "$PYTHON" bench/compare_trl.py --sampling "${SHAPE[@]}" --json "$LOGS/sampling.json"
-grep -E "^sampling:" "$LOGS/sampling.log" | sed 's/^/   /' || true
+  "$PYTHON" bench/compare_trl.py --sampling --decoding eager,compiled "${SHAPE[@]}" --json "$LOGS/sampling.json"
+grep -E "^\| (eager|compiled)|x eager's speed per rollout" "$LOGS/sampling.log" | sed 's/^/   /' || true
 
 # ---------------------------------------------------------------------------------------------- block
 REPORT=(report "$LOGS" "$T" --total-s "$SECONDS")

