@@ -126,7 +126,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sharing", choices=("auto", "true", "false"), default="auto",
-                        help="ours: prefix sharing (data.prefix_sharing); auto = on at a prefix share >= 0.2")
+                        help="ours: prefix sharing (data.prefix_sharing); auto = on at a prefix share >= 0.1")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")

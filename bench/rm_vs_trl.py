@@ -335,7 +335,7 @@ def main() -> None:
                         help="uniform: lengths in [length/2, length], prompts of 10-40 tokens; hh: the token lengths "
                         "of HH-RLHF harmless pairs (../shared/data), cut at --length")
     parser.add_argument("--sharing", choices=("auto", "true", "false"), default="auto",
-                        help="ours: prefix sharing (data.prefix_sharing); auto = on at a prefix share >= 0.2")
+                        help="ours: prefix sharing (data.prefix_sharing); auto = on at a prefix share >= 0.1")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")

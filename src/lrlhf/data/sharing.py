@@ -23,10 +23,10 @@ from lrlhf.data.collate import _labels, _pair_origin, pad_sequences
 from lrlhf.data.tokenize import Encoded, EncodedPair, EncodedRanking
 from lrlhf.functional.sharing import PADDING, common_prefix_length
 
-#: ``data.prefix_sharing=auto`` shares prefixes when they hold at least this fraction of a split's tokens
-#: (bench/rm_vs_trl.py --share-sweep: below it the longer rows' attention and the 4-D mask cost about what the
-#: saved tokens gain).
-AUTO_MIN_SHARE = 0.2
+#: ``data.prefix_sharing=auto`` shares prefixes when they hold at least this fraction of a split's tokens. Measured
+#: (bench/prefix_share_sweep.py, RESULTS.md): an RM step takes 1.00-1.07x the padded one at shares 0.03-0.05,
+#: 0.88x at 0.10, 0.81x at 0.15, 0.55x at 0.45 (the longer rows' attention and the 4-D mask eat small savings).
+AUTO_MIN_SHARE = 0.1
 
 
 def is_shared(batch: dict) -> bool:
