@@ -217,6 +217,12 @@ def test_dpo_loss_and_gradients_equal_unshared(chatml, tiny_model, attention):
         results.append(([t.detach() for t in (*policy, *reference)], loss.detach(), _grads(module)))
     for a, b in zip(results[0][0], results[1][0], strict=True):
         _close(b, a, "log-prob sums")
+    # and the padded sums are the dense masked sum of every position's log-prob (an independent computation)
+    padded = collate_pairs(pairs, 0)
+    with torch.no_grad():
+        logits = module.model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"]).logits
+    dense = masked_sum(token_logprobs(logits[:, :-1], padded["input_ids"][:, 1:]), padded["loss_mask"][:, 1:], dim=1)
+    _close(torch.cat(results[0][0][:2]), dense, "padded sums against the dense computation")
     # the adapter is not a no-op: policy and reference differ, so the loss has a gradient
     assert not torch.allclose(results[0][0][0], results[0][0][2])
     _close(results[1][1], results[0][1], "loss")

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from lrlhf.data.sharing import is_shared, unshare_batch
-from lrlhf.functional import DPOStats, dpo_loss, masked_sum, token_logprobs
+from lrlhf.functional import DPOStats, dpo_loss
 from lrlhf.functional.sharing import shared_logprob_sums
 from lrlhf.models import (
     LoraSpec,
@@ -152,8 +152,11 @@ class DPOModule(StageOutputs, pl.LightningModule):
             return PairLogprobs(sums[:n_pairs], sums[n_pairs:])
         logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                             use_cache=False).logits  # (2B, T, V); no KV cache is built for a scoring pass
-        logprobs = token_logprobs(logits[:, :-1], batch["input_ids"][:, 1:])  # (2B, T - 1)
-        sums = masked_sum(logprobs, batch["loss_mask"][:, 1:], dim=1)  # (2B,)
+        # the padded layout is the shared one with a row per sequence: log-softmax at the target positions only
+        rows, width = batch["input_ids"].shape
+        index = torch.arange(width, device=logits.device)
+        sums = shared_logprob_sums(logits, batch["input_ids"], torch.arange(rows, device=logits.device),
+                                   index.expand(rows, width), batch["loss_mask"])  # (2B,)
         return PairLogprobs(sums[:n_pairs], sums[n_pairs:])
 
     @torch.no_grad()
