@@ -66,3 +66,14 @@ def test_bad_settings_name_the_key(chatml):
     packed = PreferenceDataModule(chatml, train=_pairs(LONG_PROMPT, "ok"), max_length=32, packing=True)
     packed.setup("fit")
     assert not packed.shares_prefixes and packed.prefix_shares == {}  # auto never shares packed rows
+
+
+def test_auto_shares_from_the_threshold_on(chatml, monkeypatch):
+    records = _pairs(LONG_PROMPT, "ok")
+    dm = PreferenceDataModule(chatml, train=records, batch_size=4, max_length=64)
+    dm.setup("fit")
+    share = dm.prefix_shares["train"]
+    monkeypatch.setattr("lrlhf.data.datamodules.AUTO_MIN_SHARE", share)
+    assert dm.shares_prefixes  # a share equal to the threshold shares
+    monkeypatch.setattr("lrlhf.data.datamodules.AUTO_MIN_SHARE", share + 1e-4)
+    assert not dm.shares_prefixes

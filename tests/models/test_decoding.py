@@ -4,7 +4,7 @@ left-padded prompts and rows that stop early; the compiled step is reused across
 import pytest
 import torch
 
-from lrlhf.models.decoding import COMPILE_SECONDS, resolve
+from lrlhf.models.decoding import _CACHES, COMPILE_SECONDS, MAX_CACHES, resolve
 from lrlhf.models.generation import sample_with_logprobs
 
 EOS = list(range(50, 64))  # 14 of the 64 ids stop a row: rows stop at different steps
@@ -51,31 +51,47 @@ def test_static_decoding_with_a_value_head_equals_eager(tiny_llama):
 def test_the_static_cache_is_reused_and_reset_between_rollouts(tiny_llama):
     ids, mask = _prompts()
     first = _sample(tiny_llama, "static", ids, mask, seed=1)
-    caches = tiny_llama.__dict__["_lrlhf_static_caches"]
+    caches = _CACHES[tiny_llama]
+    assert "_lrlhf_static_caches" not in tiny_llama.__dict__  # beside the model: copies and exports carry none
     cache = next(iter(caches.values()))
     _same(_sample(tiny_llama, "static", ids, mask, seed=1), first)  # a reused cache holds nothing of the last
-    assert next(iter(caches.values())) is cache
+    assert list(caches.values()) == [cache]
     short = _sample(tiny_llama, "static", ids[:, 2:], mask[:, 2:], seed=1)  # 5 + 12 columns: the same bucket
-    assert next(iter(caches.values())) is cache
+    assert list(caches.values()) == [cache]
     _same(short, _sample(tiny_llama, "eager", ids[:, 2:], mask[:, 2:], seed=1))
+    for rows in range(1, MAX_CACHES + 2):  # other batch sizes: a few shapes kept, the least recently used dropped
+        _sample(tiny_llama, "static", ids[:rows], mask[:rows])
+    assert len(caches) == MAX_CACHES and cache not in caches.values()
 
 
 @pytest.mark.slow
 def test_compiled_decoding_equals_eager_and_compiles_once_per_bucket(tiny_llama):
+    from torch._dynamo.utils import counters
+
     ids, mask = _prompts()
     eager = _sample(tiny_llama, "eager", ids, mask)
     COMPILE_SECONDS.clear()
     _same(_sample(tiny_llama, "compiled", ids, mask), eager)
     assert list(COMPILE_SECONDS) == [(5, 24)]  # 7 + 12 columns rounded up to the bucket of 8
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
     _same(_sample(tiny_llama, "compiled", ids[:, 1:], mask[:, 1:], seed=3),
           _sample(tiny_llama, "eager", ids[:, 1:], mask[:, 1:], seed=3))
-    assert list(COMPILE_SECONDS) == [(5, 24)]  # 6 + 12 columns: the same bucket, the same compiled step
+    assert counters["stats"]["unique_graphs"] == graphs  # 6 + 12 columns: the same bucket, no new graph
+    # a value head's hook would not fire inside the compiled step: with one, the static steps run uncompiled
+    head = torch.nn.Linear(tiny_llama.config.hidden_size, 1)
+    value_head = lambda hidden: head(hidden).squeeze(-1)  # noqa: E731
+    _same(_sample(tiny_llama, "compiled", ids, mask, value_head=value_head),
+          _sample(tiny_llama, "eager", ids, mask, value_head=value_head))
+    assert counters["stats"]["unique_graphs"] == graphs
 
 
 def test_resolve():
-    assert resolve("auto", torch.device("cpu")) == "eager"
-    assert resolve("auto", torch.device("cuda")) == "compiled"
+    assert resolve("auto", torch.device("cpu")) == "eager"  # the compiled step is not faster on a CPU
+    assert resolve("auto", torch.device("cuda")) == "eager"  # until a GPU run has measured compiled
+    assert resolve("compiled", torch.device("cuda")) == "compiled"
     assert resolve("compiled", torch.device("cuda"), synced=True) == "eager"  # FSDP's collective forwards
+    assert resolve("compiled", "cpu", value_head=True) == "static"
     assert resolve("static", "cpu") == "static"
     with pytest.raises(ValueError, match="decoding='fast'"):
         resolve("fast", "cpu")

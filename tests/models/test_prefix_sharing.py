@@ -18,7 +18,7 @@ from lrlhf.data.tokenize import Encoded, encode_pair, encode_ranking
 from lrlhf.functional import masked_sum, token_logprobs
 from lrlhf.functional.sharing import common_prefix_length, shared_attention_mask, shared_logprob_sums
 from lrlhf.models import LoraSpec, ScalarModel
-from lrlhf.models.sharing import can_share, shared_inputs
+from lrlhf.models.sharing import can_share, shared_inputs, sharing_blocker
 from lrlhf.modules import DPOConfig, DPOModule, RewardConfig, RewardModule
 
 WORDS = "hi hello how are you fine thanks what is two plus three five four ok sure a b c d e f g h no yes".split()
@@ -184,16 +184,22 @@ def test_reward_rankings_equal_unshared(chatml, tiny_model):
 
 def test_a_lora_reward_model_and_compile_padding_score_the_same(chatml, tiny_llama):
     pairs = _pairs(chatml)
-    config = RewardConfig(lora=LoraSpec(r=4, alpha=8.0), compile_pad_multiple=16)
-    module = RewardModule(_f64(tiny_llama, "sdpa"), config).double()
+    module = RewardModule(_f64(tiny_llama, "sdpa"), RewardConfig(lora=LoraSpec(r=4, alpha=8.0))).double()
     padded = module.score(collate_pairs(pairs, 0))
-    module.config = RewardConfig(lora=LoraSpec(r=4, alpha=8.0), compile=False)
     torch.testing.assert_close(module.score(collate_shared_pairs(pairs, 0)), padded, atol=1e-9, rtol=1e-6)
-    from lrlhf.data.sharing import pad_shared_to_multiple
+    # module.config.compile pads a shared batch to a multiple of compile_pad_multiple columns (set after
+    # construction, so nothing is compiled here): the padding columns change no score
+    module.config = RewardConfig(lora=LoraSpec(r=4, alpha=8.0), compile=True, compile_pad_multiple=16)
+    widths, original = [], module.model.hidden_states
 
-    wide = pad_shared_to_multiple({k: v for k, v in collate_shared_pairs(pairs, 0).items()}, 16)
-    assert wide["input_ids"].shape[1] % 16 == 0
-    torch.testing.assert_close(module.score(wide), padded, atol=1e-9, rtol=1e-6)
+    def spy(input_ids, attention_mask, **kw):
+        widths.append(input_ids.shape[1])
+        return original(input_ids, attention_mask, **kw)
+
+    module.model.hidden_states = spy
+    shared = collate_shared_pairs(pairs, 0)
+    torch.testing.assert_close(module.score(shared), padded, atol=1e-9, rtol=1e-6)
+    assert widths == [-(-shared["input_ids"].shape[1] // 16) * 16] and widths[0] > shared["input_ids"].shape[1]
 
 
 # -------------------------------------------------------------------------------------------------- DPO
@@ -255,3 +261,36 @@ def test_an_attention_without_custom_masks_runs_unshared_with_a_warning(chatml, 
         got = module.score(collate_shared_pairs(pairs, 0))
     assert seen == [2]
     torch.testing.assert_close(got, expected, atol=1e-9, rtol=1e-6)
+
+
+def test_dpo_runs_a_shared_batch_unshared_when_the_model_cannot_share(chatml, tiny_llama, monkeypatch):
+    pairs = _pairs(chatml)
+    module = DPOModule(_f64(tiny_llama, "sdpa"), tokenizer=chatml, config=DPOConfig(lora=LoraSpec(r=4))).double()
+    expected = module.sequence_logprobs(collate_pairs(pairs, 0))
+    seen = []
+    model_forward = module.model.forward
+    module.model.forward = lambda **kw: (seen.append(kw["attention_mask"].dim()), model_forward(**kw))[1]
+    monkeypatch.setattr("lrlhf.modules.dpo.can_share", lambda model, width: False)
+    got = module.sequence_logprobs(collate_shared_pairs(pairs, 0))
+    assert seen == [2]  # the padded layout's 2-D mask
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-9, rtol=1e-6)
+
+
+def test_a_sliding_window_narrower_than_the_row_or_alibi_blocks_sharing(chatml):
+    from transformers import BloomConfig, BloomForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    windowed = Qwen2ForCausalLM(Qwen2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                            num_key_value_heads=2, intermediate_size=64, vocab_size=64,
+                                            use_sliding_window=True, sliding_window=16,
+                                            max_window_layers=0))
+    windowed.config._attn_implementation = "sdpa"
+    assert sharing_blocker(windowed, 16) is None
+    assert "sliding window (16 tokens)" in sharing_blocker(windowed, 17)
+    batch = collate_shared_pairs(_pairs(chatml), 0)
+    assert batch["input_ids"].shape[1] > 16
+    with pytest.raises(ValueError, match="sliding window.*data.prefix_sharing=false"):
+        shared_inputs(windowed, batch)
+    bloom = BloomForCausalLM(BloomConfig(hidden_size=32, n_layer=1, n_head=4, vocab_size=64))
+    bloom.config._attn_implementation = "sdpa"
+    assert "ALiBi" in sharing_blocker(bloom, 8)

@@ -5,12 +5,17 @@ The eager sampler grows a ``DynamicCache`` and its mask by one column per token,
 shapes and runs op by op from Python: on a GPU the step is bound by kernel launches, not by the hardware. Here
 the cache is a preallocated ``StaticCache`` of ``L`` columns, ``L`` = prompt + ``max_new_tokens`` rounded up to a
 multiple of ``bucket`` (a few lengths cover every rollout), and the one-token step has fixed shapes: the token
-``(B, 1)``, its position ``(B, 1)``, the cache column it writes (``cache_position``, a ``(1,)`` tensor) and a
-``(B, L)`` mask that is the prompt's mask then ones. The ones ahead of the current column are never attended:
-transformers' causal mask hides every cache column after ``cache_position``. With ``compiled`` the step is
-``torch.compile``-d once per shape (``mode="reduce-overhead"``, CUDA graphs, on CUDA; inductor's default on a
-CPU) and reused by every later rollout of the same batch size and bucket; the cache is kept on the model and
-reset between rollouts, so CUDA graphs replay on the same addresses.
+``(B, 1)``, its position ``(B, 1)``, the cache column it writes (``cache_position``, a ``(1,)`` tensor; transformers
+5.24 writes at the cache's own length counter instead, which ``reset()`` zeroes: the same column) and a ``(B, L)``
+mask that is the prompt's mask then ones. The ones ahead of the current column are never attended: transformers'
+causal mask hides every cache column after the current one. With ``compiled`` the step is ``torch.compile``-d once
+per shape (``mode="reduce-overhead"``, CUDA graphs, on CUDA; inductor's default on a CPU) and reused by every later
+rollout of the same batch size and bucket. The caches live beside the model (a few shapes per model, never in its
+``__dict__``, so copies and exports do not carry them) and are reset between rollouts, so CUDA graphs replay on the
+same addresses.
+
+A shared-trunk value head reads each step's hidden state through a forward hook, which a compiled step would not
+see (dynamo skips hook guards): with a value head, ``compiled`` runs the ``static`` steps uncompiled.
 
 The prefill runs eagerly (its length varies with the prompts). The model calls are the eager sampler's on the
 same inputs, so ids and log-probs agree with it to the kernels' rounding; ``tests/models/test_decoding.py``
@@ -20,6 +25,7 @@ checks that on a CPU, left padding and early stops included.
 from __future__ import annotations
 
 import time
+import weakref
 
 import torch
 
@@ -30,16 +36,24 @@ DECODING = ("auto", "eager", "static", "compiled")
 COMPILE_SECONDS: dict[tuple[int, int], float] = {}
 
 
-def resolve(decoding: str, device: torch.device, synced: bool = False) -> str:
-    """The decoding a sampler runs: ``auto`` is ``compiled`` on CUDA and ``eager`` elsewhere (measured on a CPU:
-    the compiled step is not faster there, bench/RESULTS.md); ``eager`` whenever the forward is a collective
-    (``synced``, FSDP), whose gathers a compiled graph would capture."""
+#: What ``auto`` runs per device type. Eager everywhere for now: on a CPU the compiled step is not faster
+#: (bench/RESULTS.md), and on CUDA it has not been measured yet (bench/gpu_check.sh part 3 times eager against
+#: compiled; ``auto`` becomes ``compiled`` there once a GPU run has shown it faster and equal).
+AUTO = {"cuda": "eager", "cpu": "eager"}
+
+
+def resolve(decoding: str, device: torch.device, synced: bool = False, value_head: bool = False) -> str:
+    """The decoding a sampler runs: ``auto`` as :data:`AUTO` says for the device; ``eager`` whenever the forward
+    is a collective (``synced``, FSDP), whose gathers a compiled graph would capture; ``static`` for ``compiled``
+    with a value head (its hook would not fire inside a compiled step)."""
     if decoding not in DECODING:
         raise ValueError(f"decoding={decoding!r}; choose one of {', '.join(DECODING)}")
     if synced:
         return "eager"
     if decoding == "auto":
-        return "compiled" if torch.device(device).type == "cuda" else "eager"
+        decoding = AUTO.get(torch.device(device).type, "eager")
+    if decoding == "compiled" and value_head:
+        return "static"
     return decoding
 
 
@@ -49,6 +63,10 @@ def _one_token(model, cache_keyword, cache, token, mask, position, cache_positio
 
 
 _COMPILED: dict[str, object] = {}
+
+#: Static caches per model (weakly: they go with the model) and shape; at most this many shapes per model.
+_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+MAX_CACHES = 4
 
 
 def compiled_step(device_type: str):
@@ -80,13 +98,17 @@ class StaticDecoder:
         from transformers import StaticCache
 
         param = next(self.model.parameters())
-        key = (batch, self.columns, param.dtype, param.device)
-        caches = self.model.__dict__.setdefault("_lrlhf_static_caches", {})
-        if key not in caches:
-            caches.clear()  # one live cache per model: a new shape frees the last one
-            caches[key] = StaticCache(config=self.model.config, max_cache_len=self.columns)
-        else:
-            caches[key].reset()
+        device = param.device
+        dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else param.dtype
+        key = (batch, self.columns, dtype, device)  # the dtype the cache fills with (autocast's, if on)
+        caches = _CACHES.setdefault(self.model, {})
+        if key in caches:
+            caches[key] = cache = caches.pop(key)  # most recently used last
+            cache.reset()
+            return cache
+        while len(caches) >= MAX_CACHES:  # the least recently used shape goes
+            caches.pop(next(iter(caches)))
+        caches[key] = StaticCache(config=self.model.config, max_cache_len=self.columns)
         return caches[key]
 
     def prefill(self, input_ids, mask, positions):
@@ -111,4 +133,4 @@ class StaticDecoder:
         return logits.clone()  # a CUDA-graph output is overwritten by the next replay
 
 
-__all__ = ["COMPILE_SECONDS", "DECODING", "StaticDecoder", "compiled_step", "resolve"]
+__all__ = ["AUTO", "COMPILE_SECONDS", "DECODING", "MAX_CACHES", "StaticDecoder", "compiled_step", "resolve"]

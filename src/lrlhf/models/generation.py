@@ -189,9 +189,10 @@ def sample_with_logprobs(
 
     ``decoding``: ``eager`` (a growing ``DynamicCache``), ``static`` or ``compiled`` (a preallocated
     ``StaticCache`` of ``P + max_new_tokens`` columns rounded up to a multiple of ``bucket``, and a one-token step
-    of fixed shapes, ``torch.compile``-d for ``compiled``), or ``auto`` (:func:`lrlhf.models.decoding.resolve`:
-    compiled on CUDA, eager elsewhere). Every mode makes the same model calls on the same inputs, so ids and
-    log-probs agree with the eager sampler's to the kernels' rounding (see :mod:`lrlhf.models.decoding`).
+    of fixed shapes, ``torch.compile``-d for ``compiled``; with a ``value_head`` they run uncompiled), or ``auto``
+    (:data:`lrlhf.models.decoding.AUTO`: eager until a GPU run has measured compiled). Every mode makes the same
+    model calls on the same inputs, so ids and log-probs agree with the eager sampler's to the kernels' rounding
+    (see :mod:`lrlhf.models.decoding`).
     """
     from transformers import DynamicCache
 
@@ -207,7 +208,7 @@ def sample_with_logprobs(
     mask = attention_mask.long()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     eos = torch.tensor(sorted(eos_token_ids), device=device, dtype=input_ids.dtype)
-    mode = resolve(decoding, device, synced)
+    mode = resolve(decoding, device, synced, value_head=value_head is not None)
     if mode == "eager":
         decoder = _EagerDecoder(model, {cache_keyword(model): DynamicCache(config=getattr(model, "config", None))})
     else:

@@ -143,7 +143,7 @@ class DPOModule(StageOutputs, pl.LightningModule):
             raise ValueError("DPOModule needs padded or prefix-shared pair batches (PreferenceDataModule with "
                              "packing=False)")
         n_pairs = batch["pair_targets"].shape[0]
-        if is_shared(batch) and not can_share(self.model):
+        if is_shared(batch) and not can_share(self.model, batch["input_ids"].shape[1]):
             batch = unshare_batch(batch)
         if is_shared(batch):  # one row per pair: the prompt encoded once, each side's targets gathered from it
             logits = self.model(**shared_inputs(self.model, batch)).logits  # (B, L, V)

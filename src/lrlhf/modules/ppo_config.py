@@ -37,7 +37,8 @@ class PPOConfig(OptimConfig):
     decoding: str = "auto"
     """The rollout sampler's decoding (:mod:`lrlhf.models.decoding`): ``eager`` (a growing KV cache), ``static``
     (a preallocated one, fixed-shape steps), ``compiled`` (those steps ``torch.compile``-d: CUDA graphs on CUDA),
-    ``auto`` (compiled on CUDA, eager elsewhere; eager under FSDP)."""
+    ``auto`` (:data:`lrlhf.models.decoding.AUTO`: eager until a GPU run has measured compiled; always eager
+    under FSDP)."""
     decoding_bucket: int = 64
     """Static/compiled decoding: the cache holds prompt + ``max_new_tokens`` columns rounded up to a multiple of
     this, so a few compiled shapes serve every rollout."""

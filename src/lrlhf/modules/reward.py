@@ -262,7 +262,7 @@ class RewardModule(StageOutputs, pl.LightningModule):
         Returns ``(2B,)`` for pairs (chosen ``[0, B)``, rejected ``[B, 2B)``, padded, packed or prefix-shared
         alike) and ``(N,)`` for rankings.
         """
-        if is_shared(batch) and not can_share(self.model.backbone):
+        if is_shared(batch) and not can_share(self.model.backbone, batch["input_ids"].shape[1]):
             batch = unshare_batch(batch)
         if is_shared(batch):  # prefix-shared: one row per pair or ranking, read at each sequence's last token
             if self.config.compile:
