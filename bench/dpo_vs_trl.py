@@ -26,17 +26,24 @@ What is compared (issue #18's target: our step <= 0.7x TRL's on the HH-shaped wo
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
-import time
 import warnings
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rm_vs_trl import EOS, PAD, Baton, build_model, hh_pairs, make_pairs
+from rm_vs_trl import (
+    EOS,
+    PAD,
+    Baton,
+    add_workload_arguments,
+    build_model,
+    step_summary,
+    step_timers,
+    workload_pairs,
+)
 
 
 def word_tokenizer(model_dir: Path):
@@ -117,7 +124,6 @@ def check_same_ids(trainer, pairs) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("uniform", "hh"), default="hh")
     parser.add_argument("--pairs", type=int, default=8)
     parser.add_argument("--length", type=int, default=512, help="the most tokens per sequence")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per side")
@@ -125,8 +131,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sharing", choices=("auto", "true", "false"), default="auto",
-                        help="ours: prefix sharing (data.prefix_sharing); auto = on at a prefix share >= 0.1")
+    add_workload_arguments(parser, "hh")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -134,60 +139,30 @@ def main() -> None:
     import lightning
     import transformers
     import trl
-    from lightning.pytorch import Callback, Trainer
-    from transformers import TrainerCallback
+    from lightning.pytorch import Trainer
 
     total = args.warmup + args.steps
     baton = Baton(["ours", "trl"])
     times: dict[str, list[float]] = {"ours": [], "trl": []}
-
-    class OurTimer(Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            self.start = time.perf_counter()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            times["ours"].append(time.perf_counter() - self.start)
-            baton.hand_over("trl")
-            baton.wait("ours")
-
-    class TrlTimer(TrainerCallback):
-        def on_train_begin(self, args_, state, control, **kwargs):
-            baton.wait("trl")
-
-        def on_step_begin(self, args_, state, control, **kwargs):
-            self.start = time.perf_counter()
-
-        def on_step_end(self, args_, state, control, **kwargs):
-            times["trl"].append(time.perf_counter() - self.start)
-            baton.hand_over("ours")
-            if len(times["trl"]) < total:
-                baton.wait("trl")
+    our_timer, trl_timer = step_timers(baton, times, total)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         build_model(model_dir, args.seed)
-        if args.workload == "hh":
-            pairs, split_share = hh_pairs(args.pairs, args.length, 8000, args.seed)
-        else:
-            pairs, split_share = make_pairs(args.pairs, args.length, 8000, args.seed), None
+        pairs, split_share = workload_pairs(args)
         pairs = [(c[:-1] + [EOS], r[:-1] + [EOS], p) for c, r, p in pairs]  # each side ends with the EOS word
         module, loader = our_parts(model_dir, pairs, args)
-        theirs = trl_trainer(model_dir, pairs, args, [TrlTimer()])
+        theirs = trl_trainer(model_dir, pairs, args, [trl_timer])
         check_same_ids(theirs, pairs)
         ours = Trainer(max_steps=total, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                       limit_val_batches=0, gradient_clip_val=1.0, callbacks=[OurTimer()])
+                       limit_val_batches=0, gradient_clip_val=1.0, callbacks=[our_timer])
         baton.side_by_side(lambda: ours.fit(module, train_dataloaders=loader), theirs.train)
         batch = next(iter(loader))
         n_ours = sum(p.numel() for p in module.parameters() if p.requires_grad)
         n_trl = sum(p.numel() for p in theirs.model.parameters() if p.requires_grad)
 
-    def summary(xs):
-        xs = xs[args.warmup:]
-        q = statistics.quantiles(xs, n=4)
-        return statistics.median(xs), q[0], q[2], min(xs), max(xs)
-
-    ours_s, trl_s = summary(times["ours"]), summary(times["trl"])
+    ours_s, trl_s = step_summary(times["ours"], args.warmup), step_summary(times["trl"], args.warmup)
     real = int(batch["lengths"].sum())
     layout = (f"ours prefix-shared: {batch['input_ids'].shape[0]} rows x {batch['input_ids'].shape[1]} tokens"
               if "segment_ids" in batch else "ours unshared, as TRL")

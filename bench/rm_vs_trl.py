@@ -102,6 +102,45 @@ class Baton:
             raise RuntimeError("TRL's loop failed") from self.failed
 
 
+def step_timers(baton: Baton, times: dict[str, list[float]], total: int):
+    """A Lightning callback and an HF one that time each step of their own loop (``ours``: from the batch fetched to
+    zero_grad, ``on_train_batch_start`` .. ``on_train_batch_end``; ``trl``: ``on_step_begin`` .. ``on_step_end``)
+    into ``times`` and hand the baton over at each step's end, ``total`` steps per side."""
+    from lightning.pytorch import Callback
+    from transformers import TrainerCallback
+
+    class OurTimer(Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            self.start = time.perf_counter()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            times["ours"].append(time.perf_counter() - self.start)
+            baton.hand_over("trl")
+            baton.wait("ours")  # also after our last step: our teardown must not overlap TRL's last step
+
+    class TrlTimer(TrainerCallback):
+        def on_train_begin(self, args_, state, control, **kwargs):
+            baton.wait("trl")
+
+        def on_step_begin(self, args_, state, control, **kwargs):
+            self.start = time.perf_counter()
+
+        def on_step_end(self, args_, state, control, **kwargs):
+            times["trl"].append(time.perf_counter() - self.start)
+            baton.hand_over("ours")
+            if len(times["trl"]) < total:
+                baton.wait("trl")
+
+    return OurTimer(), TrlTimer()
+
+
+def step_summary(xs: list[float], warmup: int) -> tuple[float, ...]:
+    """Median, first and third quartiles, min and max of the steps after ``warmup``."""
+    xs = xs[warmup:]
+    q = statistics.quantiles(xs, n=4)
+    return statistics.median(xs), q[0], q[2], min(xs), max(xs)
+
+
 def build_model(out: Path, seed: int) -> None:
     """The reference Llama of issue #10 at a random init, and a word-level tokenizer over its 8000 ids."""
     from tokenizers import Tokenizer
@@ -168,6 +207,21 @@ def hh_pairs(n: int, max_length: int, vocab: int, seed: int) -> tuple[list[tuple
         return (e.input_ids % (vocab - 2) + 2).tolist()
 
     return [(ids(encoded[i].chosen), ids(encoded[i].rejected), encoded[i].chosen.prompt_length) for i in picked], share
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser, default: str) -> None:
+    parser.add_argument("--workload", choices=("uniform", "hh"), default=default,
+                        help="uniform: lengths in [length/2, length], prompts of 10-40 tokens; hh: the token lengths "
+                        "of HH-RLHF harmless pairs (../shared/data), cut at --length")
+    parser.add_argument("--sharing", choices=("auto", "true", "false"), default="auto",
+                        help="ours: prefix sharing (data.prefix_sharing); auto = on at a prefix share >= 0.1")
+
+
+def workload_pairs(args) -> tuple[list[tuple[list[int], list[int], int]], float | None]:
+    """``--pairs`` pairs of the ``--workload`` and, for ``hh``, the whole split's prefix share."""
+    if args.workload == "hh":
+        return hh_pairs(args.pairs, args.length, 8000, args.seed)
+    return make_pairs(args.pairs, args.length, 8000, args.seed), None
 
 
 def our_trainer_parts(model_dir: Path, pairs, args):
@@ -331,11 +385,7 @@ def main() -> None:
                         help="TRL: keep its default gradient_checkpointing=True (recomputes the forward: not the "
                         "same work; a 'TRL as shipped' data point, not the like-for-like comparison)")
     parser.add_argument("--profile", action="store_true", help="after the run, one step of each side by phase")
-    parser.add_argument("--workload", choices=("uniform", "hh"), default="uniform",
-                        help="uniform: lengths in [length/2, length], prompts of 10-40 tokens; hh: the token lengths "
-                        "of HH-RLHF harmless pairs (../shared/data), cut at --length")
-    parser.add_argument("--sharing", choices=("auto", "true", "false"), default="auto",
-                        help="ours: prefix sharing (data.prefix_sharing); auto = on at a prefix share >= 0.1")
+    add_workload_arguments(parser, "uniform")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -343,48 +393,23 @@ def main() -> None:
     import lightning
     import transformers
     import trl
-    from lightning.pytorch import Callback, Trainer
-    from transformers import TrainerCallback
+    from lightning.pytorch import Trainer
 
     total = args.warmup + args.steps
     baton = Baton(["ours", "trl"])
     times: dict[str, list[float]] = {"ours": [], "trl": []}
-
-    class OurTimer(Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            self.start = time.perf_counter()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            times["ours"].append(time.perf_counter() - self.start)
-            baton.hand_over("trl")
-            baton.wait("ours")  # also after our last step: our teardown must not overlap TRL's last step
-
-    class TrlTimer(TrainerCallback):
-        def on_train_begin(self, args_, state, control, **kwargs):
-            baton.wait("trl")
-
-        def on_step_begin(self, args_, state, control, **kwargs):
-            self.start = time.perf_counter()
-
-        def on_step_end(self, args_, state, control, **kwargs):
-            times["trl"].append(time.perf_counter() - self.start)
-            baton.hand_over("ours")
-            if len(times["trl"]) < total:
-                baton.wait("trl")
+    our_timer, trl_timer = step_timers(baton, times, total)
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
         build_model(model_dir, args.seed)
-        if args.workload == "hh":
-            pairs, split_share = hh_pairs(args.pairs, args.length, 8000, args.seed)
-        else:
-            pairs, split_share = make_pairs(args.pairs, args.length, 8000, args.seed), None
+        pairs, split_share = workload_pairs(args)
         module, loader = our_trainer_parts(model_dir, pairs, args)
-        theirs = trl_trainer(model_dir, pairs, args, module.model.head.linear.weight.detach(), [TrlTimer()])
+        theirs = trl_trainer(model_dir, pairs, args, module.model.head.linear.weight.detach(), [trl_timer])
         loss_ours, loss_trl = first_losses(module, loader, theirs)
         ours = Trainer(max_steps=total, max_epochs=-1, accelerator="cpu", logger=False, enable_checkpointing=False,
                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                       limit_val_batches=0, gradient_clip_val=1.0, callbacks=[OurTimer()])
+                       limit_val_batches=0, gradient_clip_val=1.0, callbacks=[our_timer])
         baton.side_by_side(lambda: ours.fit(module, train_dataloaders=loader), theirs.train)
 
         trl_model = theirs.model
@@ -396,12 +421,7 @@ def main() -> None:
         opt_ours = module.trainer.optimizers[0]
         opt_trl = theirs.optimizer.optimizer if hasattr(theirs.optimizer, "optimizer") else theirs.optimizer
 
-    def summary(xs):
-        xs = xs[args.warmup:]
-        q = statistics.quantiles(xs, n=4)
-        return statistics.median(xs), q[0], q[2], min(xs), max(xs)
-
-    ours_s, trl_s = summary(times["ours"]), summary(times["trl"])
+    ours_s, trl_s = step_summary(times["ours"], args.warmup), step_summary(times["trl"], args.warmup)
     mode = "LoRA r=8 (head trained)" if args.lora else "full fine-tuning"
     print(f"torch threads: {torch.get_num_threads()}")
     print(f"versions: torch {torch.__version__}, lightning {lightning.__version__}, transformers "
