@@ -12,6 +12,10 @@ continuation, and no real token sees padding) every token's hidden state equals 
 unshared sequence, so a reward read at a sequence's last token and the log-probs of its targets are those of the
 unshared forward. ``rows`` / ``cols`` map token ``t`` of sequence ``n`` (as the unshared, unpadded sequence numbers
 it) to its place ``(rows[n], cols[n, t])`` in the shared layout.
+
+The group estimators' rollouts (RLOO, GRPO: ``k`` samples of one left-padded prompt in adjacent rows) share the
+same way in :func:`group_layout`: the prompt's ``P`` columns once, then the ``k`` responses of ``R`` columns each,
+so a group costs ``P + k R`` columns instead of ``k (P + R)``.
 """
 
 from __future__ import annotations
@@ -103,12 +107,56 @@ def shared_logprob_sums(logits: Tensor, input_ids: Tensor, rows: Tensor, cols: T
     return sums.index_add(0, seq, picked)
 
 
+def group_layout(query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(input_ids, position_ids, segment_ids)``, ``(G, P + k R)`` each: the shared layout of ``G = B / k`` groups
+    of ``k`` adjacent rows that share one left-padded prompt.
+
+    Row ``g`` holds the group's prompt once, as its ``P`` padded columns (left padding is a padding segment), then
+    response ``j`` of the group in columns ``P + j R .. P + (j + 1) R - 1`` (segment ``j + 1``). Positions are those
+    of the unshared rows (:func:`lrlhf.modules.rollout.sequence_inputs`): the prompt's count its attended tokens,
+    every response's continue from the prompt's length. Every response column is attended, as in the unshared rows.
+
+    Args:
+        query_ids, query_mask: ``(B, P)``, rows ``g k .. g k + k - 1`` equal (the caller checks it).
+        response_ids: ``(B, R)``.
+    """
+    rows, prompt_len = query_ids.shape
+    if k < 1 or rows % k:
+        raise ValueError(f"group_layout: {rows} rows are not whole groups of {k}")
+    groups, resp_len, device = rows // k, response_ids.shape[1], query_ids.device
+    mask = query_mask[::k].long()
+    prompt_positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    response_positions = mask.sum(-1, keepdim=True) + torch.arange(resp_len, device=device).repeat(k)
+    segments = torch.arange(1, k + 1, device=device).repeat_interleave(resp_len).expand(groups, -1)
+    return (
+        torch.cat([query_ids[::k], response_ids.reshape(groups, k * resp_len)], dim=1),
+        torch.cat([prompt_positions, response_positions], dim=1),
+        torch.cat([torch.where(mask.bool(), PREFIX, PADDING), segments], dim=1),
+    )
+
+
+def group_response_logits(logits: Tensor, k: int, resp_len: int) -> Tensor:
+    """``(G k, R, V)``: the logits predicting each response token, from the last ``k R + 1`` columns of a
+    :func:`group_layout` forward (``logits`` ``(G, k R + 1, V)``: the last prompt column, then the responses).
+
+    Token ``t`` of response ``j`` is predicted by the column before it in its own segment, and the first token of
+    every response by the last prompt column (index 0 here), as in the unshared rows' columns ``P - 1 .. P + R - 2``.
+    """
+    if logits.shape[1] != k * resp_len + 1:
+        raise ValueError(f"group_response_logits: {logits.shape[1]} columns, expected k R + 1 = {k * resp_len + 1}")
+    index = torch.arange(k, device=logits.device)[:, None] * resp_len + torch.arange(resp_len, device=logits.device)
+    index[:, 0] = 0
+    return logits[:, index.flatten()].reshape(logits.shape[0] * k, resp_len, logits.shape[-1])
+
+
 __all__ = [
     "PADDING",
     "PREFIX",
     "additive_mask",
     "common_prefix_length",
     "gather_last",
+    "group_layout",
+    "group_response_logits",
     "shared_attention_mask",
     "shared_logprob_sums",
 ]

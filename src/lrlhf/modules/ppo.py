@@ -42,8 +42,6 @@ from lrlhf.models import (
     ModelConfig,
     ScalarModel,
     add_adapters,
-    export_adapter,
-    export_merged,
     load_adapter_weights,
     load_causal_lm,
     load_reward_ensemble,
@@ -53,8 +51,10 @@ from lrlhf.models import reference_mode as _reference_mode
 from lrlhf.models.generation import as_prompt, eos_token_ids, sample_with_logprobs
 from lrlhf.modules.advantages import GAE, AdvantageEstimator
 from lrlhf.modules.critic import POLICY, Critic, ValueAdapter
+from lrlhf.modules.group_sharing import GroupSharing
 from lrlhf.modules.guards import PPOGuards
 from lrlhf.modules.ppo_config import MOVED_KEYS, PPOConfig, component_settings
+from lrlhf.modules.ppo_stage import PPOStage
 from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
 from lrlhf.modules.rollout import (
     RewardAdapter,
@@ -68,13 +68,12 @@ from lrlhf.modules.rollout import (
     sequence_inputs,
 )
 from lrlhf.modules.samples import log_table, sample_table
-from lrlhf.modules.stage import StageOutputs
 from lrlhf.strategies import full_params_for_generation
 from lrlhf.utils.distributed import any_across_ranks, forward_is_collective, global_weighted_mean, seed_rank_stream
 from lrlhf.utils.errors import InvariantError
 
 
-class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
+class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
     """PPO with LoRA roles on one frozen base (see the module docstring).
 
     Args:
@@ -125,6 +124,7 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         self.calibration_spec = calibration if hasattr(calibration, "measure") else None  # measured in the run
         self.critic = critic if critic is not None or not self.advantage.needs_critic else ValueAdapter()
         self.kl_controller = kl_controller if kl_controller is not None else FixedKLController()
+        self.check_sharing()
         if tokenizer is None and self.model_config is not None:
             tokenizer = load_tokenizer(self.model_config)
         self.tokenizer = tokenizer
@@ -188,7 +188,11 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
     _sequence = staticmethod(sequence_inputs)
 
     def _response_logits(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> Tensor:
-        """``(B, R, V)`` logits predicting each response token: columns ``P - 1 .. P + R - 2``."""
+        """``(B, R, V)`` logits predicting each response token: columns ``P - 1 .. P + R - 2`` (or a group
+        estimator's prompt encoded once for its k samples, :mod:`lrlhf.modules.group_sharing`)."""
+        shared = self.group_response_logits(query_ids, query_mask, response_ids)
+        if shared is not None:
+            return shared
         input_ids, attention_mask, position_ids = self._sequence(query_ids, query_mask, response_ids)
         resp_len = response_ids.shape[1]
         # the LM head runs on the last R + 1 columns only (the prompt's logits are never used)
@@ -327,7 +331,8 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         masks = response_masks(response_ids, self.eos_token_ids, self.pad_token_id)
         # 4. no-grad scoring in micro-batches (policy and value only when sampling gave none)
         parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "values": [], "raw_scores": []}
-        for rows in row_chunks(query_ids.shape[0], self.config.forward_batch_size):
+        groups = self.sharing_groups(query_ids.shape[1], response_ids.shape[1])  # chunks of whole groups if shared
+        for rows in row_chunks(query_ids.shape[0], max(groups, self.config.forward_batch_size // groups * groups)):
             q, qm, r = query_ids[rows], query_mask[rows], response_ids[rows]
             parts["logprobs"].append(self.policy_forward(q, qm, r)[0] if sampled_logprobs is None
                                      else sampled_logprobs[rows].float())
@@ -393,8 +398,9 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         sums: dict[str, float] = {}
         count, first_deviation = 0, None
+        groups = self.sharing_groups(rollout.query_ids.shape[1], rollout.response_ids.shape[1])
         for epoch in range(cfg.ppo_epochs):
-            order = torch.randperm(len(rollout), device=rollout.query_ids.device)
+            order = self.minibatch_order(len(rollout), groups, rollout.query_ids.device)  # whole groups if shared
             for start in range(0, len(rollout), cfg.minibatch_size):
                 mb = rollout.select(order[start:start + cfg.minibatch_size])
                 logprobs, logits, values = self.policy_value_forward(mb.query_ids, mb.query_mask, mb.response_ids)
@@ -450,50 +456,6 @@ class PPOModule(PPOGuards, StageOutputs, pl.LightningModule):
             raise ValueError(f"module.config.total_steps must be set (in optimiser steps) for scheduler "
                              f"{cfg.scheduler!r} with warmup; see PPOModule.updates_per_rollout")
         return cfg.optimizers(self, total_steps=1)  # constant (or total_steps set): the length is not needed
-
-    # ------------------------------------------------------------------ what the stage leaves (lrlhf.modules.stage)
-    summary_metrics = ("rollout/kl_seq", "rollout/score")
-
-    @property
-    def policy_name(self) -> str:
-        """``ppo``, ``rloo``, ``grpo``: the estimator's name (the summary's ``gold/<policy_name>``)."""
-        return self.advantage.name
-
-    def stage_summary(self, trainer, out_dir: Path) -> dict:
-        """The rollouts done, the final beta and the last rollout's KL and score (a run resumed at its end trains
-        nothing: the checkpoint restores what was last logged, ResumableCheckpoint.on_fit_start)."""
-        calibration = {"calibration": asdict(self.calibration)} if isinstance(self.calibration, RewardCalibration) \
-            else {}
-        return {"rollouts": self.rollouts_done, "kl/beta": self.kl_controller.value, **calibration,
-                **super().stage_summary(trainer, out_dir)}
-
-    def export_stage(self, folder: Path) -> dict[str, Path | None]:
-        paths = self.export(folder / "export")
-        return {"export": paths["merged"], "adapter": paths["adapter"]}
-
-    def export(self, out_dir: str | Path) -> dict[str, Path]:
-        """Write the trained policy: ``out_dir/merged`` (the ``policy`` adapter merged into a copy of the base,
-        loadable by plain transformers, tokenizer alongside) and ``out_dir/adapter`` (the adapter alone, for
-        ``PeftModel.from_pretrained(sft_base, out_dir/adapter)``). The live model keeps its adapters."""
-        out_dir = Path(out_dir)
-        return {
-            "merged": export_merged(self.model, out_dir / "merged", self.tokenizer, adapter=POLICY),
-            "adapter": export_adapter(self.model, out_dir / "adapter", POLICY, self.tokenizer),
-        }
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """The KL controller's state (beta) is saved here, once; its settings are the config's."""
-        checkpoint["kl_controller"] = self.kl_controller.state_dict()
-        checkpoint["rollouts_done"] = self.rollouts_done
-        if isinstance(self.calibration, RewardCalibration):
-            checkpoint["calibration"] = asdict(self.calibration)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "kl_controller" in checkpoint:
-            self.kl_controller.load_state_dict(checkpoint["kl_controller"])
-        self.rollouts_done = checkpoint.get("rollouts_done", 0)
-        if "calibration" in checkpoint:
-            self.calibration = RewardCalibration(**checkpoint["calibration"])
 
 
 __all__ = ["MOVED_KEYS", "PPOConfig", "PPOModule", "RewardAdapter", "Rollout", "Sampled", "check_finite"]

@@ -10,6 +10,7 @@ from lrlhf.functional import KL_ESTIMATORS
 from lrlhf.models import LoraSpec
 from lrlhf.models.decoding import DECODING
 from lrlhf.models.generation import SamplingConfig
+from lrlhf.modules.group_sharing import PREFIX_SHARING
 from lrlhf.modules.optim import OptimConfig
 
 #: ``module.config`` keys of earlier versions and the keys that replaced them: setting one fails naming the new.
@@ -42,6 +43,10 @@ class PPOConfig(OptimConfig):
     decoding_bucket: int = 64
     """Static/compiled decoding: the cache holds prompt + ``max_new_tokens`` columns rounded up to a multiple of
     this, so a few compiled shapes serve every rollout."""
+    prefix_sharing: bool | str = "auto"
+    """Group estimators (k samples per prompt, no critic): encode each prompt once in the rollout's scoring and
+    update forwards (:mod:`lrlhf.modules.group_sharing`); ``auto`` where the prompts are at least a tenth of the
+    columns, ``true``, ``false``. Shared update minibatches hold whole groups."""
     kl_estimator: str = "k1"
     """Per-token KL estimator in the reward (and the KL the controller sees): a name in :data:`KL_ESTIMATORS`."""
     missing_eos_penalty: float | None = None
@@ -104,6 +109,8 @@ class PPOConfig(OptimConfig):
             ("temperature", self.temperature > 0, "must be > 0 (PPO samples; greedy has no logprobs)"),
             ("decoding", self.decoding in DECODING, f"must be one of {', '.join(DECODING)}"),
             ("decoding_bucket", self.decoding_bucket >= 1, "must be >= 1"),
+            ("prefix_sharing", any(self.prefix_sharing is v or self.prefix_sharing == v == "auto"
+                                   for v in PREFIX_SHARING), "must be auto, true or false"),
             ("kl_estimator", self.kl_estimator in KL_ESTIMATORS, f"must be one of {sorted(KL_ESTIMATORS)}"),
             ("score_clip", self.score_clip is None or self.score_clip > 0, "must be > 0 or None"),
             ("ppo_epochs", self.ppo_epochs >= 1, "must be >= 1"),
