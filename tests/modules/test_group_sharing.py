@@ -2,6 +2,7 @@
 (lrlhf.modules.group_sharing, module.config.prefix_sharing): the rollout's scores and log-probs, and the update's
 log-probs and gradients, equal the unshared computation; update minibatches hold whole groups; ``auto`` decides by
 the prompts' share of the columns; a setting that cannot share is refused naming its key."""
+# ruff: noqa: F811 -- the world / tokenizer fixtures come from test_ppo
 
 import re
 import warnings
@@ -11,7 +12,6 @@ import torch
 
 from lrlhf.data.datamodules import PromptDataModule
 from lrlhf.data.sharing import AUTO_MIN_SHARE
-from lrlhf.data.toy import WorldSizes, build_world
 from lrlhf.functional import FixedKLController
 from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
 from lrlhf.modules import PPOConfig, PPOModule
@@ -19,20 +19,9 @@ from lrlhf.modules import group_sharing as gs
 from lrlhf.modules.advantages import GAE, GRPO, RLOO
 from lrlhf.modules.critic import ValueAdapter
 
+from .test_ppo import tokenizer, world  # noqa: F401 (fixtures)
+
 K = 2
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    sizes = WorldSizes(sft_train=4, sft_val=4, pref_train=2, pref_val=2, pref_test=2, rl=16, eval=4)
-    return build_world(tmp_path_factory.mktemp("toy"), seed=0, sizes=sizes)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(world):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(world.tokenizer)
 
 
 @pytest.fixture
