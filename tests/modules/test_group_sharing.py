@@ -128,8 +128,11 @@ def test_a_shared_run_trains_through_the_first_ratio_guard(world, tokenizer, tmp
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=PromptDataModule(tokenizer, train=str(world.rl_prompts), batch_size=4,
                                                     max_length=64))
-    # auto shares on the toy prompts; every update minibatch (4 rows = 2 whole groups) ran shared
-    assert sum(counter.calls) >= 2 * 2 * 2 and trainer.callback_metrics["guard/first_ratio_deviation"] < 1e-5
+    # First the sampler self-check's forward (one row per prompt: nothing to share). Then auto shares on the toy
+    # prompts: per rollout the reference's 4 scoring chunks (fp32: the sampler's old log-probs are kept, no policy
+    # scoring forward) and the update's 2 epochs x 2 minibatches of 2 whole groups.
+    assert counter.calls == [False] + [True] * (4 + 4) * 2, counter.calls
+    assert trainer.callback_metrics["guard/first_ratio_deviation"] < 1e-5
 
 
 def test_auto_decides_by_the_prompts_share_of_the_columns(world, tokenizer):
@@ -174,3 +177,54 @@ def test_a_model_that_cannot_take_the_mask_runs_unshared_warning_once(world, tok
 def test_settings_that_cannot_share_are_refused_naming_the_key(world, tokenizer, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         _module(world, tokenizer, **kwargs)
+
+
+def test_whole_groups_need_one_prompt_and_mask_per_group_and_a_real_last_column():
+    ids = torch.tensor([[5, 6, 7], [5, 6, 7], [4, 6, 7], [4, 6, 7]])
+    mask = torch.ones_like(ids)
+    assert gs.whole_groups(ids, mask, 2) and not gs.whole_groups(ids, mask, 3) and not gs.whole_groups(ids, mask, 4)
+    other = mask.clone()
+    other[1, 0] = 0  # the same ids (a pad id that is also a real token), another mask
+    assert not gs.whole_groups(ids, other, 2)
+    empty = mask.clone()
+    empty[2:] = 0  # a prompt with no real token: its last column is padding
+    assert not gs.whole_groups(ids, empty, 2)
+
+
+def test_scoring_chunks_are_whole_groups_on_every_rank_whatever_the_rollout_decides(world, tokenizer, batch,
+                                                                                     monkeypatch):
+    class Rows(PPOModule):
+        def reference_logprobs(self, query_ids, query_mask, response_ids):
+            self.chunks.append(query_ids.shape[0])
+            return super().reference_logprobs(query_ids, query_mask, response_ids)
+
+    # auto that does not share this rollout (threshold out of reach): chunks of whole groups all the same, so a
+    # rank that shares and one that does not run as many forwards (collectives under FSDP)
+    monkeypatch.setattr(gs, "AUTO_MIN_SHARE", 0.99)
+    config = PPOConfig(max_new_tokens=8, minibatch_size=4, forward_batch_size=3, policy_lora=LoraSpec(r=4))
+    module = Rows(load_causal_lm(ModelConfig(str(world.model))),
+                  ScalarModel(load_causal_lm(ModelConfig(str(world.model)))), tokenizer, config,
+                  advantage=RLOO(samples_per_prompt=K))
+    module.configure_model()
+    module.chunks = []
+    module.make_rollout(batch)
+    assert module.sharing_groups(batch["input_ids"].shape[1], 8) == 1 and module.chunks == [2, 2, 2, 2]
+    assert module.scoring_group_size() == K
+    module.config.prefix_sharing = False
+    assert module.scoring_group_size() == 1
+
+
+def test_auto_with_a_minibatch_of_part_groups_shuffles_rows(world, tokenizer):
+    module = _module(world, tokenizer, "auto", minibatch_size=3)
+    torch.manual_seed(3)
+    order = module.minibatch_order(8, K, "cpu")
+    torch.manual_seed(3)
+    assert torch.equal(order, torch.randperm(8))
+
+
+def test_a_sliding_window_narrower_than_the_shared_row_runs_unshared(world, tokenizer):
+    module = _module(world, tokenizer, True)
+    module.model.get_base_model().config.sliding_window = 40
+    assert module.sharing_groups(20, 10) == K  # the shared row: 20 + 2 x 10 = 40 columns, inside the window
+    with pytest.warns(UserWarning, match=r"sliding window \(40 tokens\) is narrower than the shared row \(41\)"):
+        assert module.sharing_groups(21, 10) == 1  # 41 columns (an unshared row, 31, would fit)

@@ -37,9 +37,11 @@ def group_prompt_share(prompt_len: int, resp_len: int, k: int) -> float:
 
 
 def whole_groups(query_ids: Tensor, query_mask: Tensor, k: int) -> bool:
-    """Whether the rows are whole groups of ``k`` adjacent rows with one prompt (ids and mask) each."""
+    """Whether the rows are whole groups of ``k`` adjacent rows with one prompt (ids and mask) each, every prompt
+    with a real last column (an empty prompt's last column is padding: no column predicts the first response token
+    the same way in both layouts)."""
     rows = query_ids.shape[0]
-    if rows == 0 or rows % k:
+    if rows == 0 or rows % k or not bool(query_mask[:, -1].all()):
         return False
     ids, mask = query_ids.reshape(rows // k, k, -1), query_mask.reshape(rows // k, k, -1)
     return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
@@ -63,6 +65,13 @@ class GroupSharing:
             raise ValueError(f"module.config.minibatch_size={self.config.minibatch_size} must be a multiple of "
                              f"module.advantage.samples_per_prompt={k} with module.config.prefix_sharing=true "
                              "(a shared minibatch holds whole groups)")
+
+    def scoring_group_size(self) -> int:
+        """The rollout's no-grad scoring chunks hold whole groups of this many rows: ``k`` unless sharing is off.
+        Fixed by the settings, not by a rollout's widths, so every data-parallel rank runs as many chunks (each
+        chunk's forwards are collectives under FSDP) even where one rank shares and another does not."""
+        k = self.advantage.samples_per_prompt
+        return k if self.config.prefix_sharing is not False and self.critic is None else 1
 
     def sharing_groups(self, prompt_len: int, resp_len: int) -> int:
         """``k`` when the forwards of a rollout with ``prompt_len`` prompt and ``resp_len`` response columns run

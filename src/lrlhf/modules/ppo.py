@@ -331,8 +331,8 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         masks = response_masks(response_ids, self.eos_token_ids, self.pad_token_id)
         # 4. no-grad scoring in micro-batches (policy and value only when sampling gave none)
         parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "values": [], "raw_scores": []}
-        groups = self.sharing_groups(query_ids.shape[1], response_ids.shape[1])  # chunks of whole groups if shared
-        for rows in row_chunks(query_ids.shape[0], max(groups, self.config.forward_batch_size // groups * groups)):
+        k = self.scoring_group_size()  # chunks of whole groups where sharing may apply, the same count on every rank
+        for rows in row_chunks(query_ids.shape[0], max(k, self.config.forward_batch_size // k * k)):
             q, qm, r = query_ids[rows], query_mask[rows], response_ids[rows]
             parts["logprobs"].append(self.policy_forward(q, qm, r)[0] if sampled_logprobs is None
                                      else sampled_logprobs[rows].float())

@@ -60,5 +60,4 @@ class PPOStage(StageOutputs):
             self.calibration = RewardCalibration(**checkpoint["calibration"])
 
 
-
 __all__ = ["PPOStage"]
