@@ -109,12 +109,13 @@ def build_model(out: Path, shape: dict, seed: int) -> None:
     tokenizer.save_pretrained(out)
 
 
-def make_prompts(n: int, vocab: int, seed: int) -> list[list[dict]]:
-    """``n`` one-turn conversations whose chat-templated encoding is 10-40 tokens (user tag + words + tag)."""
+def make_prompts(n: int, vocab: int, seed: int, tokens: tuple[int, int] = (10, 40)) -> list[list[dict]]:
+    """``n`` one-turn conversations whose chat-templated encoding is ``tokens`` long, 10-40 by default (user tag +
+    words + tag)."""
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
-        words = int(torch.randint(8, 39, (1,), generator=g))
+        words = int(torch.randint(tokens[0] - 2, tokens[1] - 1, (1,), generator=g))
         ids = torch.randint(4, vocab, (words,), generator=g).tolist()
         out.append([{"role": "user", "content": " ".join(f"t{i}" for i in ids)}])
     return out

@@ -25,18 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from compare_trl import REFERENCE, build_model  # bench/ is the script's folder
-
-
-def prompts(n: int, lengths: tuple[int, int], vocab: int, seed: int) -> list[list[dict]]:
-    """``n`` one-turn conversations of ``lengths`` tokens (user tag + words + assistant tag)."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        words = int(torch.randint(lengths[0] - 2, lengths[1] - 1, (1,), generator=g))
-        ids = torch.randint(4, vocab, (words,), generator=g).tolist()
-        out.append([{"role": "user", "content": " ".join(f"t{i}" for i in ids)}])
-    return out
+from compare_trl import REFERENCE, build_model, make_prompts  # bench/ is the script's folder
 
 
 def main() -> None:
@@ -75,8 +64,8 @@ def main() -> None:
         model_dir = Path(tmp) / "model"
         build_model(model_dir, REFERENCE, args.seed)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        data = PromptDataModule(tokenizer, train=[PromptExample(p) for p in prompts(
-            args.prompts, (low, high), REFERENCE["vocab_size"], args.seed)], batch_size=args.prompts, max_length=256)
+        data = PromptDataModule(tokenizer, train=[PromptExample(p) for p in make_prompts(
+            args.prompts, REFERENCE["vocab_size"], args.seed, (low, high))], batch_size=args.prompts, max_length=256)
         data.setup("fit")
         batch = next(iter(data.train_dataloader()))
         g = torch.Generator().manual_seed(args.seed + 2)

@@ -47,17 +47,17 @@ def _module(world, tokenizer, sharing="auto", advantage=None, critic=None, **ove
 
 
 class CountShared:
-    """Counts the forwards that ran shared (group_response_logits returned logits)."""
+    """Counts the forwards that ran shared (shared_response_logits returned logits)."""
 
     def __init__(self, monkeypatch):
-        self.calls, real = [], gs.GroupSharing.group_response_logits
+        self.calls, real = [], gs.GroupSharing.shared_response_logits
 
         def counted(module, *args):
             out = real(module, *args)
             self.calls.append(out is not None)
             return out
 
-        monkeypatch.setattr(gs.GroupSharing, "group_response_logits", counted)
+        monkeypatch.setattr(gs.GroupSharing, "shared_response_logits", counted)
 
 
 def _close(got, expected, name=""):
@@ -116,7 +116,7 @@ def test_the_update_shares_whole_groups_with_the_unshared_gradients(world, token
     for name in grads:
         _close(s_grads[name], grads[name], name)
     # rows that are not whole groups of one prompt run unshared
-    assert module.group_response_logits(mb.query_ids[1:3], mb.query_mask[1:3], mb.response_ids[1:3]) is None
+    assert module.shared_response_logits(mb.query_ids[1:3], mb.query_mask[1:3], mb.response_ids[1:3]) is None
 
 
 def test_a_shared_run_trains_through_the_first_ratio_guard(world, tokenizer, tmp_path, monkeypatch):

@@ -35,7 +35,13 @@ from lrlhf.data.collate import (
 )
 from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExample
 from lrlhf.data.sampler import ResumableSampler
-from lrlhf.data.sharing import AUTO_MIN_SHARE, collate_shared_pairs, collate_shared_rankings, prefix_share
+from lrlhf.data.sharing import (
+    AUTO_MIN_SHARE,
+    PREFIX_SHARING,
+    collate_shared_pairs,
+    collate_shared_rankings,
+    prefix_share,
+)
 from lrlhf.data.tokenize import (
     LOSS_ON,
     SPECIAL_TEXT_POLICIES,
@@ -335,7 +341,7 @@ class PreferenceDataModule(ChatDataModule):
 
     def __init__(self, tokenizer: Any, *, prefix_sharing: bool | str = "auto", **kwargs):
         super().__init__(tokenizer, **kwargs)
-        if prefix_sharing not in ("auto", True, False):
+        if prefix_sharing not in PREFIX_SHARING:
             raise ValueError(f"data.prefix_sharing={prefix_sharing!r}; choose auto, true or false")
         if prefix_sharing is True and self.packing:
             raise ValueError("data.prefix_sharing=true and data.packing=true exclude each other: choose one")

@@ -27,6 +27,8 @@ from lrlhf.functional.sharing import PADDING, common_prefix_length
 #: (bench/prefix_share_sweep.py, RESULTS.md): an RM step takes 1.00-1.07x the padded one at shares 0.03-0.05,
 #: 0.88x at 0.10, 0.81x at 0.15, 0.55x at 0.45 (the longer rows' attention and the 4-D mask eat small savings).
 AUTO_MIN_SHARE = 0.1
+#: The values of ``data.prefix_sharing`` and of PPO's ``module.config.prefix_sharing``.
+PREFIX_SHARING = ("auto", True, False)
 
 
 def is_shared(batch: dict) -> bool:
@@ -138,6 +140,7 @@ def pad_shared_to_multiple(batch: dict, multiple: int) -> dict:
 
 __all__ = [
     "AUTO_MIN_SHARE",
+    "PREFIX_SHARING",
     "collate_shared",
     "collate_shared_pairs",
     "collate_shared_rankings",

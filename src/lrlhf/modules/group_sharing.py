@@ -27,8 +27,6 @@ from lrlhf.data.sharing import AUTO_MIN_SHARE
 from lrlhf.functional.sharing import group_layout, group_response_logits
 from lrlhf.models.sharing import shared_inputs, sharing_blocker
 
-PREFIX_SHARING = ("auto", True, False)
-
 
 def group_prompt_share(prompt_len: int, resp_len: int, k: int) -> float:
     """The fraction of the columns ``k`` unshared rows of ``prompt_len + resp_len`` compute that the shared row
@@ -41,10 +39,10 @@ def whole_groups(query_ids: Tensor, query_mask: Tensor, k: int) -> bool:
     with a real last column (an empty prompt's last column is padding: no column predicts the first response token
     the same way in both layouts)."""
     rows = query_ids.shape[0]
-    if rows == 0 or rows % k or not bool(query_mask[:, -1].all()):
+    if rows == 0 or rows % k:
         return False
     ids, mask = query_ids.reshape(rows // k, k, -1), query_mask.reshape(rows // k, k, -1)
-    return bool((ids == ids[:, :1]).all() and (mask == mask[:, :1]).all())
+    return bool(query_mask[:, -1].all() & (ids == ids[:, :1]).all() & (mask == mask[:, :1]).all())  # one sync
 
 
 class GroupSharing:
@@ -76,10 +74,10 @@ class GroupSharing:
     def sharing_groups(self, prompt_len: int, resp_len: int) -> int:
         """``k`` when the forwards of a rollout with ``prompt_len`` prompt and ``resp_len`` response columns run
         shared (``module.config.prefix_sharing``), else 1."""
-        setting, k = self.config.prefix_sharing, self.advantage.samples_per_prompt
-        if setting is False or k < 2 or self.critic is not None:
+        k = self.scoring_group_size()
+        if k < 2:
             return 1
-        if setting == "auto" and group_prompt_share(prompt_len, resp_len, k) < AUTO_MIN_SHARE:
+        if self.config.prefix_sharing == "auto" and group_prompt_share(prompt_len, resp_len, k) < AUTO_MIN_SHARE:
             return 1
         blocker = sharing_blocker(self.model, prompt_len + k * resp_len)
         if blocker is not None:
@@ -98,7 +96,7 @@ class GroupSharing:
             return (starts[:, None] + torch.arange(groups, device=device)).flatten()
         return torch.randperm(rows, device=device)
 
-    def group_response_logits(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> Tensor | None:
+    def shared_response_logits(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> Tensor | None:
         """``(B, R, V)`` the logits predicting each response token from the shared forward, or None where these
         rows do not share (the setting, or not whole groups of one prompt): the caller runs the unshared one."""
         resp_len = response_ids.shape[1]
@@ -112,4 +110,4 @@ class GroupSharing:
         return group_response_logits(logits, k, resp_len)
 
 
-__all__ = ["PREFIX_SHARING", "GroupSharing", "group_prompt_share", "whole_groups"]
+__all__ = ["GroupSharing", "group_prompt_share", "whole_groups"]

@@ -190,7 +190,7 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
     def _response_logits(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> Tensor:
         """``(B, R, V)`` logits predicting each response token: columns ``P - 1 .. P + R - 2`` (or a group
         estimator's prompt encoded once for its k samples, :mod:`lrlhf.modules.group_sharing`)."""
-        shared = self.group_response_logits(query_ids, query_mask, response_ids)
+        shared = self.shared_response_logits(query_ids, query_mask, response_ids)
         if shared is not None:
             return shared
         input_ids, attention_mask, position_ids = self._sequence(query_ids, query_mask, response_ids)

@@ -10,7 +10,6 @@ from lrlhf.functional import KL_ESTIMATORS
 from lrlhf.models import LoraSpec
 from lrlhf.models.decoding import DECODING
 from lrlhf.models.generation import SamplingConfig
-from lrlhf.modules.group_sharing import PREFIX_SHARING
 from lrlhf.modules.optim import OptimConfig
 
 #: ``module.config`` keys of earlier versions and the keys that replaced them: setting one fails naming the new.
@@ -109,8 +108,8 @@ class PPOConfig(OptimConfig):
             ("temperature", self.temperature > 0, "must be > 0 (PPO samples; greedy has no logprobs)"),
             ("decoding", self.decoding in DECODING, f"must be one of {', '.join(DECODING)}"),
             ("decoding_bucket", self.decoding_bucket >= 1, "must be >= 1"),
-            ("prefix_sharing", any(self.prefix_sharing is v or self.prefix_sharing == v == "auto"
-                                   for v in PREFIX_SHARING), "must be auto, true or false"),
+            ("prefix_sharing", isinstance(self.prefix_sharing, bool) or self.prefix_sharing == "auto",
+             "must be auto, true or false"),
             ("kl_estimator", self.kl_estimator in KL_ESTIMATORS, f"must be one of {sorted(KL_ESTIMATORS)}"),
             ("score_clip", self.score_clip is None or self.score_clip > 0, "must be > 0 or None"),
             ("ppo_epochs", self.ppo_epochs >= 1, "must be >= 1"),
