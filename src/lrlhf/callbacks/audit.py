@@ -51,6 +51,7 @@ class HighRewardAudit(pl.Callback):
         from lrlhf.eval.audit import audit_markdown, audit_rows
         from lrlhf.eval.counterfactual import DEFAULT_TRANSFORMS
         from lrlhf.eval.judges import score_responses
+        from lrlhf.functional import response_masks
         from lrlhf.modules.samples import log_table
         from lrlhf.utils.io import atomic_write_text
 
@@ -67,11 +68,11 @@ class HighRewardAudit(pl.Callback):
             eos = pl_module.eos_token_ids[0]
             ids = [torch.tensor(tok(t, add_special_tokens=False)["input_ids"] + [eos]) for t in texts]
             resp = pad_sequences(ids, pl_module.pad_token_id)
-            mask = pad_sequences([torch.ones(len(x), dtype=rollout.query_mask.dtype) for x in ids], 0)
             rows = torch.tensor(indices)
             query, query_mask = rollout.query_ids[rows], rollout.query_mask[rows]
-            raw = pl_module.reward_model.score(torch.cat([query, resp.to(query.device)], 1),
-                                               torch.cat([query_mask, mask.to(query.device)], 1)).float()
+            resp = resp.to(query.device)
+            masks = response_masks(resp, pl_module.eos_token_ids, pl_module.pad_token_id)
+            raw = pl_module.score(query, query_mask, resp, masks).float()  # the run's reward, whatever its kind
             calibration = pl_module.calibration
             return (calibration.normalise(raw) if calibration is not None else raw).tolist()
 

@@ -32,19 +32,24 @@ class Critic(nn.Module):
     Args:
         vf_coef: weight of the value loss in the minibatch loss.
         value_clip_eps: clip of the value update around the old values; None = unclipped value loss.
+        warmup_rollouts: the first N rollouts train the critic alone (no policy loss, the policy does not move, the
+            KL controller is not fed), so the first policy updates see values fitted to the policy's returns
+            instead of the zero-initialised head's.
     """
 
     #: constructing one is cheap (weights come in :meth:`build`): :func:`lrlhf.planning.validate` builds the config
     #: node before any stage is built, so a bad value fails at once
     built_when_planning = True
 
-    def __init__(self, vf_coef: float = 0.1, value_clip_eps: float | None = 0.2):
+    def __init__(self, vf_coef: float = 0.1, value_clip_eps: float | None = 0.2, warmup_rollouts: int = 0):
         super().__init__()
         if not vf_coef >= 0:
             raise ValueError(f"module.critic.vf_coef must be >= 0, got {vf_coef!r}")
         if value_clip_eps is not None and not value_clip_eps > 0:
             raise ValueError(f"module.critic.value_clip_eps must be > 0 or null, got {value_clip_eps!r}")
-        self.vf_coef, self.value_clip_eps = vf_coef, value_clip_eps
+        if not (isinstance(warmup_rollouts, int) and warmup_rollouts >= 0):
+            raise ValueError(f"module.critic.warmup_rollouts must be an integer >= 0, got {warmup_rollouts!r}")
+        self.vf_coef, self.value_clip_eps, self.warmup_rollouts = vf_coef, value_clip_eps, warmup_rollouts
 
     def train(self, mode: bool = True) -> Critic:
         """Always eval mode (no dropout), whatever Lightning asks: the values of a rollout and of its update must come
@@ -74,7 +79,7 @@ class Critic(nn.Module):
 
     def settings(self) -> dict:
         """The constructor's arguments, as the module's hyperparameters record them."""
-        return {"vf_coef": self.vf_coef, "value_clip_eps": self.value_clip_eps}
+        return {"vf_coef": self.vf_coef, "value_clip_eps": self.value_clip_eps, "warmup_rollouts": self.warmup_rollouts}
 
     def extra_repr(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.settings().items())
@@ -85,8 +90,9 @@ class _HeadOnBase(Critic):
 
     trunk_adapter = VALUE
 
-    def __init__(self, vf_coef: float = 0.1, value_clip_eps: float | None = 0.2, zero_init_head: bool = True):
-        super().__init__(vf_coef, value_clip_eps)
+    def __init__(self, vf_coef: float = 0.1, value_clip_eps: float | None = 0.2, zero_init_head: bool = True,
+                 warmup_rollouts: int = 0):
+        super().__init__(vf_coef, value_clip_eps, warmup_rollouts)
         self.zero_init_head = zero_init_head
         self.head: ScalarHead | None = None
 
@@ -118,8 +124,8 @@ class ValueAdapter(_HeadOnBase):
     """
 
     def __init__(self, lora: LoraSpec | dict | None = None, vf_coef: float = 0.1,
-                 value_clip_eps: float | None = 0.2, zero_init_head: bool = True):
-        super().__init__(vf_coef, value_clip_eps, zero_init_head)
+                 value_clip_eps: float | None = 0.2, zero_init_head: bool = True, warmup_rollouts: int = 0):
+        super().__init__(vf_coef, value_clip_eps, zero_init_head, warmup_rollouts)
         self.lora = LoraSpec(**lora) if isinstance(lora, dict) else (lora or LoraSpec())
 
     def adapters(self) -> dict[str, LoraSpec]:
@@ -134,6 +140,13 @@ class SharedTrunk(_HeadOnBase):
     without ``lora``."""
 
     trunk_adapter = POLICY
+
+    def __init__(self, vf_coef: float = 0.1, value_clip_eps: float | None = 0.2, zero_init_head: bool = True,
+                 warmup_rollouts: int = 0):
+        super().__init__(vf_coef, value_clip_eps, zero_init_head, warmup_rollouts)
+        if warmup_rollouts:
+            raise ValueError("module.critic.warmup_rollouts must be 0 with SharedTrunk: its value loss trains the "
+                             "policy's own adapter, so a critic-only warm-up would move the policy")
 
     @property
     def sampling_head(self) -> ScalarHead | None:
@@ -156,8 +169,9 @@ class ValueModel(Critic):
         vf_coef, value_clip_eps: see :class:`Critic`.
     """
 
-    def __init__(self, model: ScalarModel | str | Path, vf_coef: float = 0.1, value_clip_eps: float | None = 0.2):
-        super().__init__(vf_coef, value_clip_eps)
+    def __init__(self, model: ScalarModel | str | Path, vf_coef: float = 0.1, value_clip_eps: float | None = 0.2,
+                 warmup_rollouts: int = 0):
+        super().__init__(vf_coef, value_clip_eps, warmup_rollouts)
         self.source = None if isinstance(model, nn.Module) else str(model)
         self.model: ScalarModel | None = model if isinstance(model, nn.Module) else None
 

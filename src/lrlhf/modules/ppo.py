@@ -120,6 +120,9 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         self._policy_module = None if self.model_config is not None else policy
         self.reward_model: ScalarModel | None = reward_model if isinstance(reward_model, nn.Module) else None
         self._reward_source = None if self.reward_model is not None else reward_model
+        #: a reward computed by a program (:class:`~lrlhf.modules.rewards.FunctionReward`: anything with build()),
+        #: called by :meth:`score` instead of a reward model's forward
+        self.reward_fn = reward_model if hasattr(reward_model, "build") else None
         self.calibration = load_calibration(calibration) if isinstance(calibration, (str, Path)) else calibration
         self.calibration_spec = calibration if hasattr(calibration, "measure") else None  # measured in the run
         self.critic = critic if critic is not None or not self.advantage.needs_critic else ValueAdapter()
@@ -158,18 +161,23 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         # name: a sharding strategy such as FSDP2 replaces the parameter objects, not their names).
         self._adapter_names = {n for n, _ in self.model.named_parameters() if "lora_" in n}
         self.use_adapter(POLICY)
-        if isinstance(self._reward_source, RewardAdapter):
+        if self.reward_fn is not None:  # a program: built below, once the tokenizer is known
+            pass
+        elif isinstance(self._reward_source, RewardAdapter):
             self.reward_model = attach_reward_adapter(self.model, self._reward_source.path)
         elif isinstance(self._reward_source, RewardEnsemble):
             self.reward_model = load_reward_ensemble(self._reward_source.path, self._reward_source.combine)
         elif self.reward_model is None:
             self.reward_model = load_reward_model(self._reward_source)
-        self.reward_model.requires_grad_(False).eval()
+        if self.reward_model is not None:
+            self.reward_model.requires_grad_(False).eval()
         if self.tokenizer is None:
             raise ValueError("PPOModule needs a tokenizer (pass one with a ready model)")
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
         self.eos_token_ids = sorted(eos_token_ids(self.model, self.tokenizer))
+        if self.reward_fn is not None:
+            self.reward_fn.build(self)
 
     def use_adapter(self, name: str) -> None:
         """Make ``name`` the active adapter, every adapter trainable (peft's ``set_adapter`` freezes the rest)."""
@@ -259,7 +267,10 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
     @torch.no_grad()
     def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks) -> Tensor:
         """``(B,)`` raw RM scores of prompt + response cut at the stop: the attention mask is the prompt mask then
-        the action mask, so the RM reads its score at the EOS, or the last token of a truncated response."""
+        the action mask, so the RM reads its score at the EOS, or the last token of a truncated response. A reward
+        computed by a program (``reward_fn``) scores the decoded texts instead."""
+        if self.reward_fn is not None:
+            return self.reward_fn(query_ids, query_mask, response_ids, masks)
         input_ids = torch.cat([query_ids, response_ids], dim=1)
         attention_mask = torch.cat([query_mask, masks.action_mask.to(query_mask.dtype)], dim=1)
         scores = self.reward_model.score(input_ids, attention_mask).float()
@@ -384,7 +395,8 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         stats["lr"] = self.optimizers().param_groups[0]["lr"]
         stats["kl/beta"] = float(self.kl_controller.value)
         log_synced(self, stats, batch_size=len(rollout))  # means averaged across ranks, counts summed, maxima maxed
-        self.log_dict(self.update_kl_controller(stats), batch_size=len(rollout))  # the same on every rank
+        if not self.in_value_warmup():  # a warm-up rollout's KL is 0 by construction: it says nothing of beta
+            self.log_dict(self.update_kl_controller(stats), batch_size=len(rollout))  # the same on every rank
         self.rollouts_done += 1
         every = self.config.sample_every_n_rollouts
         if every and self.sample_prompts and self.rollouts_done % every == 0:
@@ -397,7 +409,8 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         cfg = self.config
         optimizer, scheduler = self.optimizers(), self.lr_schedulers()
         sums: dict[str, float] = {}
-        count, first_deviation = 0, None
+        count, first_deviation, stopped_early = 0, None, False
+        critic_only = self.in_value_warmup()  # the critic's warm-up: the policy does not move
         groups = self.sharing_groups(rollout.query_ids.shape[1], rollout.response_ids.shape[1])
         for epoch in range(cfg.ppo_epochs):
             order = self.minibatch_order(len(rollout), groups, rollout.query_ids.device)  # whole groups if shared
@@ -407,13 +420,19 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
                 if epoch == 0 and start == 0 and cfg.check_invariants:  # the weights have not moved yet
                     first_deviation = self._first_ratio_guard(logprobs, mb.logprobs, mb.action_mask)
                 loss, pstats = self.policy_loss(logprobs, mb.logprobs, mb.advantages, mb.action_mask)
+                # the epoch early stop: the policy moved too far from the sampling one (every rank stops together)
+                if cfg.target_kl is not None and any_across_ranks(float(pstats.approx_kl) > cfg.target_kl):
+                    stopped_early = True
+                    break
                 step = {"ppo/policy_loss": loss.detach(), "ppo/approx_kl": pstats.approx_kl,
                         "ppo/clipfrac": pstats.clipfrac, "ppo/ratio_mean": pstats.ratio_mean}
-                with torch.set_grad_enabled(cfg.entropy_coef > 0):
+                with torch.set_grad_enabled(cfg.entropy_coef > 0 and not critic_only):
                     entropy = masked_mean(entropy_from_logits(logits, cfg.temperature), mb.action_mask)
                 step["ppo/entropy"] = entropy.detach()
-                if cfg.entropy_coef > 0:
+                if cfg.entropy_coef > 0 and not critic_only:
                     loss = loss - cfg.entropy_coef * entropy
+                if critic_only:
+                    loss = loss.new_zeros(())
                 if values is not None:
                     vloss, vstats = self.value_loss(values, mb.values, mb.returns, mb.action_mask)
                     loss = loss + self.critic.vf_coef * vloss
@@ -430,11 +449,19 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
                     sums[key] = sums.get(key, 0.0) + float(value)
                 sums["ppo/ratio_max"] = max(sums.get("ppo/ratio_max", 0.0), float(pstats.ratio_max))
                 count += 1
-        out = {k: (v if k == "ppo/ratio_max" else v / count) for k, v in sums.items()}
+            if stopped_early:
+                break
+        out = {k: (v if k == "ppo/ratio_max" else v / count) for k, v in sums.items()} if count else {}
         out["ppo/optimizer_steps"] = float(count)
+        out["ppo/stopped_early"] = float(stopped_early)  # target_kl reached (the rest of the update skipped)
+        out["ppo/value_warmup"] = float(critic_only)
         if first_deviation is not None:
             out["guard/first_ratio_deviation"] = first_deviation  # mean |ratio - 1| before the first step
         return out
+
+    def in_value_warmup(self) -> bool:
+        """True while the critic trains alone (``module.critic.warmup_rollouts``, the first N rollouts)."""
+        return self.critic is not None and self.rollouts_done < self.critic.warmup_rollouts
 
     def rollout_stats(self, rollout: Rollout) -> dict[str, float]:
         """Per-rollout statistics (:func:`~lrlhf.modules.rollout.rollout_stats`); with an ensemble reward,

@@ -60,6 +60,10 @@ class PPOConfig(OptimConfig):
     """Rows per no-grad scoring forward of the rollout."""
     clip_eps: float = 0.2
     """Epsilon of the clipped policy ratio."""
+    target_kl: float | None = None
+    """Early stop of a rollout's update (as OpenAI's baselines do): before each optimiser step, the minibatch's
+    approximate KL between the old and the current policy (``mean(ratio - 1 - log ratio)`` over its tokens) is
+    measured, and above ``target_kl`` the rollout's remaining minibatches and epochs are skipped. None = off."""
     entropy_coef: float = 0.0
     """Entropy bonus weight (0 = none; the entropy is logged either way)."""
     max_grad_norm: float | None = 1.0
@@ -116,6 +120,7 @@ class PPOConfig(OptimConfig):
             ("minibatch_size", self.minibatch_size >= 1, "must be >= 1"),
             ("forward_batch_size", self.forward_batch_size >= 1, "must be >= 1"),
             ("clip_eps", 0 < self.clip_eps < 1, "must be in (0, 1)"),
+            ("target_kl", self.target_kl is None or self.target_kl > 0, "must be > 0 or None (off)"),
             ("entropy_coef", self.entropy_coef >= 0, "must be >= 0"),
             ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "must be > 0 or None"),
             ("sample_every_n_rollouts", self.sample_every_n_rollouts >= 0, "must be >= 0 (0 = never)"),

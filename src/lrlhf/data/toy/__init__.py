@@ -17,8 +17,8 @@ from .annotators import (
 )
 from .demonstrator import CandidateConfig, DemonstratorConfig, candidate, demonstrate
 from .model import TinyModelConfig, build_model
-from .tasks import KINDS, TaskConfig, ideal_answer, prompt_messages, prompt_text, sample_task
-from .utility import gold_utilities, gold_utility
+from .tasks import KINDS, TaskConfig, ideal_answer, prompt_messages, prompt_text, sample_task, task_from_prompt
+from .utility import gold_utilities, gold_utility, verifiable_reward
 from .vocab import CHAT_TEMPLATE, build_tokenizer, vocabulary
 from .world import ToyWorldPaths, WorldConfig, WorldSizes, build_world, describe, generate_world_data
 
@@ -28,5 +28,5 @@ __all__ = [
     "build_tokenizer", "build_world", "candidate", "demonstrate", "describe", "expected_agreement",
     "generate_world_data", "gold_utilities", "gold_utility", "ideal_answer", "label_probabilities",
     "observed_agreement", "prompt_messages", "prompt_text", "sample_label", "sample_ranks", "sample_task",
-    "vocabulary",
+    "task_from_prompt", "verifiable_reward", "vocabulary",
 ]

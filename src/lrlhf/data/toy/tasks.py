@@ -81,6 +81,22 @@ def prompt_messages(task: dict) -> list[dict]:
     return [{"role": "user", "content": prompt_text(task)}]
 
 
+def task_from_prompt(text: str) -> dict:
+    """The task a prompt's text asks (the inverse of :func:`prompt_text`): the last request head in ``text``
+    (a chat transcript may hold other turns before it) and the words after it. ``ValueError`` when ``text`` holds no
+    request of the toy world, naming the heads it looks for."""
+    found = [(text.rfind(head), kind, head) for kind, head in _PROMPT_HEADS.items() if head in text]
+    if not found:
+        raise ValueError(f"no toy-world request in the prompt {text[-80:]!r}: expected one of "
+                         f"{sorted(_PROMPT_HEADS.values())}")
+    _, kind, head = max(found)
+    words = text[text.rfind(head) + len(head):].split()
+    items: list = [int(w) for w in words if w.isascii() and w.isdigit()] if kind == "sort" else words
+    task = {"kind": kind, "items": items}
+    check_task(task)
+    return task
+
+
 def ideal_tokens(task: dict) -> list[str]:
     """The ideal answer as words: the sorted numbers, or the number of items."""
     check_task(task)

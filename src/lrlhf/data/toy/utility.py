@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from .tasks import check_task, ideal_tokens
+from .tasks import check_task, ideal_tokens, task_from_prompt
 from .vocab import EOS
 
 BREVITY_SLACK = 4
@@ -122,3 +122,10 @@ def gold_utilities(tasks_or_records: Sequence[Any], responses: Sequence[str]) ->
     if len(tasks_or_records) != len(responses):
         raise ValueError(f"got {len(tasks_or_records)} tasks but {len(responses)} responses")
     return [gold_utility(t, r) for t, r in zip(tasks_or_records, responses, strict=True)]
+
+
+def verifiable_reward(prompt_text: str, response_text: str) -> float:
+    """The gold utility of ``response_text`` for the request in ``prompt_text`` (read by
+    :func:`~.tasks.task_from_prompt`): the toy world's verifier, a reward computed by a program from the texts
+    alone (``reward=gold``)."""
+    return gold_utility(task_from_prompt(prompt_text), response_text)
