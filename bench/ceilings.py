@@ -85,20 +85,26 @@ def main() -> None:
     results: dict = {"seed": args.seed, "sft": str(sft), "world": str(world)}
 
     # 1. best-of-N under gold, from one pool per prompt
+    cached = args.out / f"bon_gold_s{args.seed}.json"
+    if cached.is_file():
+        results["bon_gold"] = json.loads(cached.read_text())
     policy = ModelPolicy(ref, tokenizer, None, SamplingConfig(32, 1.0, args.seed))
-    pool = sample_held_out(policy, eval_prompts, args.pool, args.seed, batch_size=256)
-    gold = [gold_utility(r.meta["task"], t) for r, t in zip(pool.records, pool.texts, strict=True)]
+    pool = None if cached.is_file() else sample_held_out(policy, eval_prompts, args.pool, args.seed, batch_size=256)
+    gold = [] if pool is None else [gold_utility(r.meta["task"], t) for r, t in zip(pool.records, pool.texts,
+                                                                                       strict=True)]
     groups = [gold[i:i + args.pool] for i in range(0, len(gold), args.pool)]
     curve = []
     rng = random.Random(args.seed)
     n = 1
-    while n <= args.pool:
+    while pool is not None and n <= args.pool:
         per_prompt = [bon_expected(g, g, n) for g in groups]
         lo, hi = bootstrap(per_prompt, rng)
         curve.append({"n": n, "kl": bon_kl(n), "gold": sum(per_prompt) / len(per_prompt), "interval": [lo, hi]})
         print(f"BoN-{n} under gold: {curve[-1]['gold']:.3f} [{lo:.3f}, {hi:.3f}] at KL {bon_kl(n):.2f}", flush=True)
         n *= 2
-    results["bon_gold"] = curve
+    if pool is not None:
+        results["bon_gold"] = curve
+        atomic_write_text(cached, json.dumps(curve) + "\n")
 
     # 2. expert iteration: SFT on gold-selected best-of-k picks, from the current policy
     train_prompts = (load_records(world / "sft_train.jsonl", "prompt", verbose=False)[0]
@@ -120,11 +126,12 @@ def main() -> None:
         atomic_write_text(data, "".join(json.dumps(p, sort_keys=True) + "\n" for p in picks))
         run = args.out / f"round_{r}{'_lora' if args.lora else ''}"
         recipe = "sft_lora" if args.lora else "sft"
-        subprocess.run([sys.executable, str(ROOT / "train.py"), f"recipe={recipe}", f"seed={args.seed}", "logger=none",
-                        "callbacks=none", f"model.name_or_path={current}", f"data.train={data}",
-                        f"trainer.max_steps={args.steps}", f"trainer.val_check_interval={args.steps}",
-                        f"hydra.run.dir={run}"], check=True, cwd=ROOT, capture_output=True)
-        current = run / "export" / "merged"
+        if not (run / "merged").is_dir():
+            subprocess.run([sys.executable, str(ROOT / "train.py"), f"recipe={recipe}", f"seed={args.seed}",
+                            "logger=none", "callbacks=none", f"model.name_or_path={current}", f"data.train={data}",
+                            f"trainer.max_steps={args.steps}", f"trainer.val_check_interval={args.steps}",
+                            f"hydra.run.dir={run}"], check=True, cwd=ROOT, capture_output=True)
+        current = run / "merged"
         figures = held_out(current, ref, tokenizer, eval_prompts, args.seed)
         rounds.append({"round": r, "picks_gold": pick_gold, **figures})
         print(f"expert iteration round {r} ({'LoRA' if args.lora else 'full'}): picks' gold {pick_gold:.3f}; "

@@ -110,6 +110,11 @@ def test_planning_refuses_the_toy_model_and_toy_gold_on_a_world_without_gold(tmp
                  check=False)
     assert _error_lines(out)[0].startswith(
         "lrlhf: error: eval.judge=toy_gold: world=files has no gold utility (only the toy world does)"), out.stderr
+    out = _train(tmp_path, "recipe=ppo_lora", *world, "model=hf", "model.name_or_path=gpt2", "reward=gold",
+                 check=False)
+    assert _error_lines(out)[0].startswith(
+        "lrlhf: error: reward=gold is the toy world's verifier (its sort and count requests), and world=files has no "
+        "gold utility"), out.stderr
     out = _train(tmp_path, "recipe=sft", *world[:1], f"world.preferences={tmp_path / 'nope.jsonl'}", *world[2:],
                  "model=hf", "model.name_or_path=gpt2", check=False)
     assert _error_lines(out)[0] == (

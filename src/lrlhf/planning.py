@@ -70,6 +70,11 @@ def check_world(cfg: DictConfig) -> None:
         if value == "toy_gold":
             raise ValueError(f"{key}=toy_gold: world={name} has no gold utility (only the toy world does); use its "
                              f"held-out judge (the default, world.judge) or another judge (lrlhf.eval.judges)")
+    reward = (cfg.get("module") or {}).get("reward_model")
+    if isinstance(reward, DictConfig) and "verifiable_reward" in str((reward.get("fn") or {}).get("path", "")):
+        raise ValueError(f"reward=gold is the toy world's verifier (its sort and count requests), and world={name} "
+                         "has no gold utility: drop reward=gold, or name your own reward function in "
+                         "module.reward_model.fn")
 
 
 def _shared_overrides(overrides: list[str]) -> list[str]:
