@@ -11,11 +11,13 @@ from lrlhf.modules.reward import (
     load_calibration,
     load_reward_model,
 )
+from lrlhf.modules.rewards import FunctionReward
 from lrlhf.modules.sft import SFTConfig, SFTModule
 
 __all__ = [
     "DPOConfig",
     "DPOModule",
+    "FunctionReward",
     "PPOConfig",
     "PPOModule",
     "RewardCalibration",
