@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from lrlhf.data.formats import load_records  # noqa: E402
 from lrlhf.data.toy import gold_utility  # noqa: E402
 from lrlhf.eval.best_of_n import bon_expected, bon_kl  # noqa: E402
 from lrlhf.eval.heldout import ModelPolicy, sample_held_out  # noqa: E402
+from lrlhf.functional.stats import bootstrap_interval  # noqa: E402
 from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer  # noqa: E402
 from lrlhf.models.generation import SamplingConfig  # noqa: E402
 from lrlhf.utils.io import atomic_write_text  # noqa: E402
@@ -49,18 +49,13 @@ def probe(seed: int) -> tuple[Path, Path]:
     return Path(cfg["world"]["dir"]), Path(cfg["deps"]["sft"])
 
 
-def bootstrap(values: list[float], rng: random.Random, n: int = 2000) -> tuple[float, float]:
-    means = sorted(sum(rng.choices(values, k=len(values))) / len(values) for _ in range(n))
-    return means[int(0.025 * n)], means[int(0.975 * n) - 1]
-
-
 def held_out(model_dir: Path, ref, tokenizer, prompts, seed: int, n: int = 4) -> dict:
     model = load_causal_lm(ModelConfig(str(model_dir))).eval()
     policy = ModelPolicy(model, tokenizer, None, SamplingConfig(32, 1.0, seed), reference=ref)
     s = sample_held_out(policy, prompts, n, seed, batch_size=200)
     gold = [gold_utility(r.meta["task"], t) for r, t in zip(s.records, s.texts, strict=True)]
     per_prompt = [sum(gold[i:i + n]) / n for i in range(0, len(gold), n)]
-    lo, hi = bootstrap(per_prompt, random.Random(seed))
+    lo, hi = bootstrap_interval(per_prompt, seed=seed)
     return {"gold": sum(gold) / len(gold), "gold_interval": [lo, hi], "kl": s.kl.mean().item(),
             "length": s.lengths.float().mean().item()}
 
@@ -85,26 +80,19 @@ def main() -> None:
     results: dict = {"seed": args.seed, "sft": str(sft), "world": str(world)}
 
     # 1. best-of-N under gold, from one pool per prompt
-    cached = args.out / f"bon_gold_s{args.seed}.json"
-    if cached.is_file():
-        results["bon_gold"] = json.loads(cached.read_text())
     policy = ModelPolicy(ref, tokenizer, None, SamplingConfig(32, 1.0, args.seed))
-    pool = None if cached.is_file() else sample_held_out(policy, eval_prompts, args.pool, args.seed, batch_size=256)
-    gold = [] if pool is None else [gold_utility(r.meta["task"], t) for r, t in zip(pool.records, pool.texts,
-                                                                                       strict=True)]
+    pool = sample_held_out(policy, eval_prompts, args.pool, args.seed, batch_size=256)
+    gold = [gold_utility(r.meta["task"], t) for r, t in zip(pool.records, pool.texts, strict=True)]
     groups = [gold[i:i + args.pool] for i in range(0, len(gold), args.pool)]
     curve = []
-    rng = random.Random(args.seed)
     n = 1
-    while pool is not None and n <= args.pool:
+    while n <= args.pool:
         per_prompt = [bon_expected(g, g, n) for g in groups]
-        lo, hi = bootstrap(per_prompt, rng)
+        lo, hi = bootstrap_interval(per_prompt, seed=args.seed)
         curve.append({"n": n, "kl": bon_kl(n), "gold": sum(per_prompt) / len(per_prompt), "interval": [lo, hi]})
         print(f"BoN-{n} under gold: {curve[-1]['gold']:.3f} [{lo:.3f}, {hi:.3f}] at KL {bon_kl(n):.2f}", flush=True)
         n *= 2
-    if pool is not None:
-        results["bon_gold"] = curve
-        atomic_write_text(cached, json.dumps(curve) + "\n")
+    results["bon_gold"] = curve
 
     # 2. expert iteration: SFT on gold-selected best-of-k picks, from the current policy
     train_prompts = (load_records(world / "sft_train.jsonl", "prompt", verbose=False)[0]
@@ -126,11 +114,10 @@ def main() -> None:
         atomic_write_text(data, "".join(json.dumps(p, sort_keys=True) + "\n" for p in picks))
         run = args.out / f"round_{r}{'_lora' if args.lora else ''}"
         recipe = "sft_lora" if args.lora else "sft"
-        if not (run / "merged").is_dir():
-            subprocess.run([sys.executable, str(ROOT / "train.py"), f"recipe={recipe}", f"seed={args.seed}",
-                            "logger=none", "callbacks=none", f"model.name_or_path={current}", f"data.train={data}",
-                            f"trainer.max_steps={args.steps}", f"trainer.val_check_interval={args.steps}",
-                            f"hydra.run.dir={run}"], check=True, cwd=ROOT, capture_output=True)
+        subprocess.run([sys.executable, str(ROOT / "train.py"), f"recipe={recipe}", f"seed={args.seed}", "logger=none",
+                        "callbacks=none", f"model.name_or_path={current}", f"data.train={data}",
+                        f"trainer.max_steps={args.steps}", f"trainer.val_check_interval={args.steps}",
+                        f"hydra.run.dir={run}"], check=True, cwd=ROOT, capture_output=True)
         current = run / "merged"
         figures = held_out(current, ref, tokenizer, eval_prompts, args.seed)
         rounds.append({"round": r, "picks_gold": pick_gold, **figures})

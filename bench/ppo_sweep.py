@@ -18,7 +18,6 @@ import argparse
 import csv
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -37,7 +36,7 @@ def run(out: Path, name: str, seed: int, overrides: list[str]) -> Path:
     (folder / "command.txt").write_text(" ".join(cmd) + "\n")
     start = time.time()
     with open(folder / "console.log", "w") as log:
-        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env={**os.environ})
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     (folder / "wall_s.txt").write_text(f"{time.time() - start:.1f}\n")
     if code:
         print(f"{name} seed {seed}: exit {code}, see {folder / 'console.log'}", flush=True)
@@ -48,8 +47,7 @@ def row(folder: Path) -> dict | None:
     summary_path, history_path = folder / "summary.json", folder / "logs" / "heldout_history.json"
     if not summary_path.is_file() or not history_path.is_file():
         return None
-    summary, history = json.loads(summary_path.read_text()), json.loads(history_path.read_text())
-    history = history.get("history", history) if isinstance(history, dict) else history
+    summary, history = json.loads(summary_path.read_text()), json.loads(history_path.read_text())["history"]
     best, fall = None, 0.0
     for h in history:
         if best is None or h["utility"] > best["utility"]:

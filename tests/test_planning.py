@@ -117,3 +117,20 @@ def test_dropping_a_needed_stage_names_the_key_that_still_reads_it(tmp_path):
         "lrlhf: error: module.model: Interpolation key 'deps.sft' not found: the recipe no longer needs a `sft` "
         "stage (needs.sft=null), so give module.model its own value, e.g. module.model='${model}' for the run's "
         "model"), out.stderr
+
+
+def test_the_toy_verifier_is_recognised_by_the_function_it_names_not_by_its_name():
+    from omegaconf import OmegaConf
+
+    from lrlhf.planning import _is_toy_verifier
+
+    def node(path):
+        return OmegaConf.create({"_target_": "lrlhf.modules.rewards.FunctionReward",
+                                 "fn": {"_target_": "hydra.utils.get_method", "path": path}})
+
+    assert _is_toy_verifier(node("lrlhf.data.toy.verifiable_reward"))
+    assert _is_toy_verifier(node("lrlhf.data.toy.utility.verifiable_reward"))
+    assert not _is_toy_verifier(node("lrlhf.data.toy.gold_utility"))  # another function
+    assert not _is_toy_verifier(node("my_pkg.verifiable_reward"))  # a user's own, unimportable here: not refused
+    assert not _is_toy_verifier(OmegaConf.create({"_target_": "lrlhf.modules.RewardAdapter", "path": "x"}))
+    assert not _is_toy_verifier("some/rm/folder")

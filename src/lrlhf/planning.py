@@ -70,11 +70,26 @@ def check_world(cfg: DictConfig) -> None:
         if value == "toy_gold":
             raise ValueError(f"{key}=toy_gold: world={name} has no gold utility (only the toy world does); use its "
                              f"held-out judge (the default, world.judge) or another judge (lrlhf.eval.judges)")
-    reward = (cfg.get("module") or {}).get("reward_model")
-    if isinstance(reward, DictConfig) and "verifiable_reward" in str((reward.get("fn") or {}).get("path", "")):
+    if _is_toy_verifier((cfg.get("module") or {}).get("reward_model")):
         raise ValueError(f"reward=gold is the toy world's verifier (its sort and count requests), and world={name} "
                          "has no gold utility: drop reward=gold, or name your own reward function in "
                          "module.reward_model.fn")
+
+
+def _is_toy_verifier(reward) -> bool:
+    """Whether a ``module.reward_model`` node calls the toy world's verifier (``reward=gold``), whatever module path
+    names it."""
+    from lrlhf.data.toy import verifiable_reward
+
+    fn = reward.get("fn") if isinstance(reward, DictConfig) else None
+    if not isinstance(fn, DictConfig) or not fn.get("path"):
+        return False
+    from hydra.utils import get_method
+
+    try:
+        return get_method(fn.path) is verifiable_reward
+    except (ImportError, ValueError):  # an unresolvable path: the instantiation reports it, naming the key
+        return False
 
 
 def _shared_overrides(overrides: list[str]) -> list[str]:

@@ -46,8 +46,9 @@ def _batch(world, tokenizer):
     return next(iter(data.train_dataloader()))
 
 
-def _module(world, tokenizer, cls=PPOModule, advantage=None, critic=None, kl_coef=0.05, **overrides):
-    """The toy PPO module: GAE and a ``value`` adapter of rank 4 unless ``advantage`` / ``critic`` say otherwise."""
+def _module(world, tokenizer, cls=PPOModule, advantage=None, critic=None, kl_coef=0.05, reward=None, **overrides):
+    """The toy PPO module: GAE and a ``value`` adapter of rank 4 unless ``advantage`` / ``critic`` say otherwise; the
+    reward a random-head reward model on the toy model unless ``reward`` names another."""
     config = dict(max_new_tokens=8, ppo_epochs=2, minibatch_size=2, forward_batch_size=3, lr=5e-2,
                   policy_lora=LoraSpec(r=4))
     config.update(overrides)
@@ -55,7 +56,7 @@ def _module(world, tokenizer, cls=PPOModule, advantage=None, critic=None, kl_coe
     if critic is None and advantage.needs_critic:
         critic = ValueAdapter(LoraSpec(r=4))
     torch.manual_seed(0)
-    reward = ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
+    reward = reward if reward is not None else ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
     module = cls(load_causal_lm(ModelConfig(str(world.model))), reward, tokenizer, PPOConfig(**config),
                  advantage=advantage, critic=critic, kl_controller=FixedKLController(kl_coef))
     module.configure_model()

@@ -161,8 +161,10 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         # name: a sharding strategy such as FSDP2 replaces the parameter objects, not their names).
         self._adapter_names = {n for n, _ in self.model.named_parameters() if "lora_" in n}
         self.use_adapter(POLICY)
-        if self.reward_fn is not None:  # a program: built below, once the tokenizer is known
-            pass
+        if self.tokenizer is None:
+            raise ValueError("PPOModule needs a tokenizer (pass one with a ready model)")
+        if self.reward_fn is not None:
+            self.reward_fn.build(self)  # a program: it decodes with the tokenizer
         elif isinstance(self._reward_source, RewardAdapter):
             self.reward_model = attach_reward_adapter(self.model, self._reward_source.path)
         elif isinstance(self._reward_source, RewardEnsemble):
@@ -171,13 +173,9 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
             self.reward_model = load_reward_model(self._reward_source)
         if self.reward_model is not None:
             self.reward_model.requires_grad_(False).eval()
-        if self.tokenizer is None:
-            raise ValueError("PPOModule needs a tokenizer (pass one with a ready model)")
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
         self.eos_token_ids = sorted(eos_token_ids(self.model, self.tokenizer))
-        if self.reward_fn is not None:
-            self.reward_fn.build(self)
 
     def use_adapter(self, name: str) -> None:
         """Make ``name`` the active adapter, every adapter trainable (peft's ``set_adapter`` freezes the rest)."""

@@ -33,7 +33,7 @@ class FunctionReward:
     """The reward of one (prompt, response) pair of texts."""
     name: str = "function"
     """What summaries and errors call it."""
-    tokenizer: object = field(default=None, repr=False)
+    tokenizer: object = field(default=None, init=False, repr=False)
 
     def build(self, module) -> None:
         """Take what decoding needs from the module (its tokenizer)."""
@@ -42,12 +42,12 @@ class FunctionReward:
     def texts(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
               masks: ResponseMasks) -> tuple[list[str], list[str]]:
         """The decoded prompts and responses of a batch (see the class docstring)."""
-        decode = self.tokenizer.decode
-        prompts = [decode(q[m.bool()].tolist(), skip_special_tokens=True)
-                   for q, m in zip(query_ids, query_mask, strict=True)]
-        responses = [decode(r[a.bool()].tolist(), skip_special_tokens=True).strip()
-                     for r, a in zip(response_ids, masks.action_mask, strict=True)]
-        return prompts, responses
+        decode = self.tokenizer.batch_decode
+        prompts = decode([q[m.bool()].tolist() for q, m in zip(query_ids, query_mask, strict=True)],
+                         skip_special_tokens=True)
+        responses = decode([r[a.bool()].tolist() for r, a in zip(response_ids, masks.action_mask, strict=True)],
+                           skip_special_tokens=True)
+        return prompts, [r.strip() for r in responses]
 
     @torch.no_grad()
     def __call__(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks) -> Tensor:

@@ -89,8 +89,8 @@ def task_from_prompt(text: str) -> dict:
     if not found:
         raise ValueError(f"no toy-world request in the prompt {text[-80:]!r}: expected one of "
                          f"{sorted(_PROMPT_HEADS.values())}")
-    _, kind, head = max(found)
-    words = text[text.rfind(head) + len(head):].split()
+    start, kind, head = max(found)
+    words = text[start + len(head):].split()
     items: list = [int(w) for w in words if w.isascii() and w.isdigit()] if kind == "sort" else words
     task = {"kind": kind, "items": items}
     check_task(task)
