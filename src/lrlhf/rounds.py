@@ -124,13 +124,13 @@ def prompt_pool(pref_train: Path, initial_labels: int, eval_prompts: Path) -> tu
     :class:`~lrlhf.data.records.PromptExample`, the prompts of the other lines that none of those has, in file
     order, each once (the meta of a pair, e.g. its ``both_bad``, is not the prompt's: only a toy ``task`` is
     kept). A prompt of ``eval_prompts`` among them is an error (labels never see a held-out prompt)."""
-    from lrlhf.data.formats import load_records
+    from lrlhf.data.formats import PREFERENCE_KINDS, load_records
     from lrlhf.data.records import PromptExample
 
     lines = _read_jsonl(pref_train)
     if len(lines) < initial_labels:
         raise ValueError(f"rounds.settings.initial_labels={initial_labels}, but {pref_train} holds {len(lines)} pairs")
-    records, _ = load_records(str(pref_train), "preference", verbose=False, drop_identical=False)
+    records, _ = load_records(str(pref_train), PREFERENCE_KINDS, verbose=False, drop_identical=False)
     held_out = {_key(p.prompt) for p in load_records(str(eval_prompts), "prompt", verbose=False)[0]}
     seen = {_key(r.prompt) for r in records[:initial_labels]}
     fresh = []
@@ -328,7 +328,7 @@ class RoundLoop:
         with open_dict(sub):
             sub.stage = "ppo"
             sub.deps.rm = str(rm)
-            sub.trainer.max_steps = self.rounds.steps(r)
+            sub.trainer.max_steps = sub.module.config.total_steps = self.rounds.steps(r)  # a decay per round
             sub.data.seed = self.cfg.seed * 1000 + r  # another prompt order each round
             sub.ckpt_path = "last" if self.resuming and (out / "checkpoints" / "last.ckpt").exists() else None
             if r > 1 and self.rounds.reference == "sft":

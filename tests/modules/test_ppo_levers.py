@@ -141,3 +141,20 @@ def test_value_warmup_is_refused_on_a_shared_trunk():
     with pytest.raises(ValueError, match="module.critic.warmup_rollouts must be an integer >= 0, got -1"):
         ValueAdapter(warmup_rollouts=-1)
     assert ValueAdapter(warmup_rollouts=3).settings()["warmup_rollouts"] == 3
+
+
+# ------------------------------------------------------------------------------- the decay's fixed length
+def test_linear_decay_runs_over_total_steps_and_refuses_a_longer_run(world, tokenizer, tmp_path):  # noqa: F811
+    # 4 prompts, minibatch 2, 2 epochs: 4 optimiser steps in one rollout; linear over total_steps=4 -> lr 0 after
+    module = _module(world, tokenizer, scheduler="linear", total_steps=4)
+    trainer = _fit(module, world, tokenizer, 1, tmp_path, max_steps=4)
+    assert trainer.global_step == 4
+    assert trainer.optimizers[0].param_groups[0]["lr"] == 0.0  # 5e-2 * (1 - 4/4)
+    # the length is the config's, not the trainer's: a longer run would train at lr 0 past it, so it is refused
+    module = _module(world, tokenizer, scheduler="linear", total_steps=4)
+    with pytest.raises(ValueError, match=r"trainer.max_steps=8 is past module.config.total_steps=4: the 'linear'"):
+        _fit(module, world, tokenizer, 1, tmp_path, max_steps=8)
+    module = _module(world, tokenizer, scheduler="cosine", total_steps=4)
+    with pytest.raises(ValueError, match=r"trainer.max_steps=-1 is past module.config.total_steps=4"):
+        _fit(module, world, tokenizer, 1, tmp_path)  # max_epochs only: no step bound
+    _fit(_module(world, tokenizer, total_steps=4), world, tokenizer, 1, tmp_path, max_steps=8)  # constant: any length

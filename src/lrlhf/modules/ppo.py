@@ -480,6 +480,13 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         if cfg.total_steps is None and (cfg.scheduler != "constant" or cfg.warmup_steps):
             raise ValueError(f"module.config.total_steps must be set (in optimiser steps) for scheduler "
                              f"{cfg.scheduler!r} with warmup; see PPOModule.updates_per_rollout")
+        max_steps = self.trainer.max_steps if self._trainer is not None else None
+        if cfg.scheduler != "constant" and max_steps is not None and (max_steps < 0 or max_steps > cfg.total_steps):
+            # The schedule's length is fixed (a resumed run keeps it); past it the LR would stay at 0: steps wasted
+            raise ValueError(f"trainer.max_steps={max_steps} is past module.config.total_steps={cfg.total_steps}: "
+                             f"the {cfg.scheduler!r} LR schedule reaches 0 there and every later step would train "
+                             f"nothing. Set both (hparams.ppo.max_steps=N sets both on the toy scale), or "
+                             f"module.config.scheduler=constant to extend a run")
         return cfg.optimizers(self, total_steps=1)  # constant (or total_steps set): the length is not needed
 
 
