@@ -134,3 +134,19 @@ def test_the_toy_verifier_is_recognised_by_the_function_it_names_not_by_its_name
     assert not _is_toy_verifier(node("my_pkg.verifiable_reward"))  # a user's own, unimportable here: not refused
     assert not _is_toy_verifier(OmegaConf.create({"_target_": "lrlhf.modules.RewardAdapter", "path": "x"}))
     assert not _is_toy_verifier("some/rm/folder")
+
+
+def test_a_callbacks_pairs_file_is_read_at_plan_time_as_the_table_reads_it(tmp_path):
+    """#36 item 1: the plan-time check did not read ``callbacks.samples.pairs``; a rankings file there is fine (the
+    table reads rankings), a file of another kind is named by its key before any work."""
+    from omegaconf import OmegaConf
+
+    from lrlhf.planning import check_data
+
+    rankings = tmp_path / "rankings.jsonl"
+    rankings.write_text(json.dumps({"prompt": "q", "completions": ["a", "b"], "ranks": [2, 1]}) + "\n")
+    check_data([("", OmegaConf.create({"callbacks": {"samples": {"pairs": str(rankings)}}}))])
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
+    with pytest.raises(ValueError, match=rf"^callbacks\.samples\.pairs: .*{sft.name}"):
+        check_data([("", OmegaConf.create({"callbacks": {"samples": {"pairs": str(sft)}}}))])

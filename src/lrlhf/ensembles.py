@@ -147,8 +147,8 @@ def ensemble_figures(folder: Path, test_file, members: list[Path]) -> dict:
     mean correlation of their scores."""
     import torch
 
-    from lrlhf.data.formats import load_records
-    from lrlhf.data.records import PromptExample
+    from lrlhf.data.formats import PREFERENCE_KINDS, load_records
+    from lrlhf.data.records import PromptExample, as_pairs
     from lrlhf.eval.best_of_n import reward_model_scorer
     from lrlhf.functional.ensemble import EnsembleMean, WorstCase, disagreement
     from lrlhf.functional.stats import bootstrap_interval
@@ -157,7 +157,7 @@ def ensemble_figures(folder: Path, test_file, members: list[Path]) -> dict:
 
     if not test_file:
         return {}
-    pairs = [p for p in load_records(test_file, "preference", verbose=False)[0]
+    pairs = [p for p in as_pairs(load_records(test_file, PREFERENCE_KINDS, verbose=False)[0])
              if p.target != 0.5 and len(p.chosen) == 1 and len(p.rejected) == 1]
     if not pairs:
         return {}

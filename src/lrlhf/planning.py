@@ -308,7 +308,7 @@ def check_data(stages: list[tuple[str, DictConfig]], pending: list[Path] = ()) -
     are left to the stage itself."""
     from hydra.utils import get_class
 
-    from lrlhf.data.formats import load_records
+    from lrlhf.data.formats import PREFERENCE_KINDS, load_records
 
     def check(label: str, key: str, source, kind, **kwargs) -> None:
         path = _local_file(source)
@@ -332,6 +332,8 @@ def check_data(stages: list[tuple[str, DictConfig]], pending: list[Path] = ()) -
         for name, callback in (cfg.get("callbacks") or {}).items():
             if callback and isinstance(callback.get("prompts"), str):
                 check(label, f"callbacks.{name}.prompts", callback.prompts, "prompt")
+            if callback and isinstance(callback.get("pairs"), str):  # read as the sample table reads it
+                check(label, f"callbacks.{name}.pairs", callback.pairs, PREFERENCE_KINDS)
 
 
 def _renamed(err: Exception, message: str) -> Exception:

@@ -2,6 +2,7 @@
 the interval and at the end, and logging them never changes training."""
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -134,3 +135,16 @@ def test_dpo_reward_stays_at_temperature_one_when_sampling_at_another(world, tok
     cold = _table(world, temperature=0.5).rows(module, 1)
     assert [r[4] for r in hot] == pytest.approx([0.25 * r[6] for r in hot], rel=1e-4, abs=1e-6)
     assert any(abs(r[4] - 0.25 * r[6]) > 1e-3 for r in cold)  # not beta x the temperature-0.5 log-ratio
+
+
+def test_reward_model_table_reads_a_rankings_file_as_best_against_worst(world, tokenizer, tmp_path):
+    # #36 item 1: a rankings world's pref_val crashed the table after the RM had trained
+    path = tmp_path / "rankings.jsonl"
+    rows = [{"prompt": "sort : 3 1", "completions": ["1 3", "3 1", "1"], "ranks": [1, 3, 2], "group": "t1"},
+            {"prompt": "count : a b", "completions": ["2", "3"], "ranks": [2, 1], "group": "t2"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    torch.manual_seed(0)
+    module = RewardModule(ScalarModel(load_causal_lm(ModelConfig(str(world.model)))), tokenizer=tokenizer)
+    table = SampleTable(pairs=str(path), max_prompts=3)
+    got = table.rows(module, 1)
+    assert [(r[1], r[3]) for r in got] == [("chosen", "1 3"), ("rejected", "3 1"), ("chosen", "3"), ("rejected", "2")]

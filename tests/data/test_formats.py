@@ -471,3 +471,25 @@ def test_several_kinds_errors_name_every_kind(tmp_path):
     assert "['question']" in message and "ranking: ranking (prompt, completions, ranks)" in message
     with pytest.raises(DataFormatError, match="unknown format 'alpaca' for preference or ranking records"):
         load(tmp_path, [{"question": "q"}], ("preference", "ranking"), format="alpaca")
+
+
+# ------------------------------------------------------------------------ rankings wherever pairs are read
+def test_ranking_pairs_put_the_better_completion_first():
+    from lrlhf.data.records import as_pairs, ranking_pairs
+
+    user = [{"role": "user", "content": "q"}]
+    answers = [[{"role": "assistant", "content": c}] for c in "abcd"]
+    ranking = Ranking(user, answers, [2, 1, 3, 1], source="s", meta={"group": "g"})
+    got = [(p.chosen[0]["content"], p.rejected[0]["content"]) for p in ranking_pairs(ranking)]
+    # (a,b): b better; (a,c); (a,d): d better; (b,c); (b,d) tie: none; (c,d): d better
+    assert got == [("b", "a"), ("a", "c"), ("d", "a"), ("b", "c"), ("d", "c")]
+    pairs = ranking_pairs(ranking)
+    assert all(p.target == 1.0 and p.prompt == user and p.source == "s" and p.meta["group"] == "g" for p in pairs)
+    assert [p.meta["ranking_pair"] for p in pairs] == [[1, 0], [0, 2], [3, 0], [1, 2], [3, 2]]
+    (extremes,) = ranking_pairs(ranking, "extremes")
+    assert (extremes.chosen[0]["content"], extremes.rejected[0]["content"]) == ("b", "c")
+    assert ranking_pairs(Ranking(user, answers[:2], [1, 1]), "extremes") == []  # all tied: orders nothing
+    pair = PreferencePair(user, answers[0], answers[1])
+    assert as_pairs([pair, ranking], "extremes") == [pair, extremes]
+    with pytest.raises(ValueError, match="which must be 'all' or 'extremes', got 'best'"):
+        ranking_pairs(ranking, "best")

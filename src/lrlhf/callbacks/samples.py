@@ -99,11 +99,14 @@ class SampleTable(Callback):
         if key not in self._loaded:
             records = spec
             if isinstance(spec, (str, Path)):
-                from lrlhf.data.formats import load_records
+                from lrlhf.data.formats import PREFERENCE_KINDS, load_records
 
-                records, _ = load_records(str(spec), kind, verbose=False)
+                records, _ = load_records(str(spec), PREFERENCE_KINDS if kind == "preference" else kind,
+                                          verbose=False)
             if kind == "preference":
-                records = [p for p in records if hasattr(p, "chosen")]  # pairs (a ranking has no chosen)
+                from lrlhf.data.records import as_pairs
+
+                records = as_pairs(records, "extremes")  # a ranking: its best answer against its worst
             self._loaded[key] = list(records)[:self.max_prompts]
         return self._loaded[key]
 

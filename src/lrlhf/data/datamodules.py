@@ -33,7 +33,7 @@ from lrlhf.data.collate import (
     collate_sft,
     pack_greedy,
 )
-from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExample
+from lrlhf.data.records import PREFERENCE_KINDS, PreferencePair, PromptExample, Ranking, SFTExample
 from lrlhf.data.sampler import ResumableSampler
 from lrlhf.data.sharing import (
     AUTO_MIN_SHARE,
@@ -336,7 +336,7 @@ class PreferenceDataModule(ChatDataModule):
         Others: :class:`ChatDataModule`'s.
     """
 
-    record_kind = ("preference", "ranking")  # a source is read as pairs or, failing that, as rankings
+    record_kind = PREFERENCE_KINDS  # a source is read as pairs or, failing that, as rankings
     supports_packing = True
 
     def __init__(self, tokenizer: Any, *, prefix_sharing: bool | str = "auto", **kwargs):

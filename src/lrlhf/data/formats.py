@@ -68,12 +68,13 @@ from lrlhf.data.conversations import (
     with_system,
 )
 from lrlhf.data.errors import DataFormatError
-from lrlhf.data.records import Conversation, PreferencePair, PromptExample, Ranking, SFTExample
+from lrlhf.data.records import PREFERENCE_KINDS, Conversation, PreferencePair, PromptExample, Ranking, SFTExample
 from lrlhf.data.sources import read_rows
 from lrlhf.data.summary import EMPTY_RESPONSE, IDENTICAL, DataSummary
 from lrlhf.data.writers import write_jsonl
 
-__all__ = ["FORMATS", "KINDS", "DataFormatError", "Format", "load_records", "read_record", "write_jsonl"]
+__all__ = ["FORMATS", "KINDS", "PREFERENCE_KINDS", "DataFormatError", "Format", "load_records", "read_record",
+           "write_jsonl"]
 
 logger = logging.getLogger(__name__)
 

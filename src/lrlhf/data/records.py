@@ -32,6 +32,11 @@ class SFTExample:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+#: the kinds every consumer of preferences reads (``formats.load_records``): pairs or, failing that, rankings
+#: (:func:`as_pairs` turns either into pairs)
+PREFERENCE_KINDS = ("preference", "ranking")
+
+
 @dataclass
 class PreferencePair:
     """Two continuations of one prompt, with the probability that ``chosen`` is preferred.
@@ -79,3 +84,29 @@ class PromptExample:
     prompt: Conversation
     source: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+
+
+def ranking_pairs(ranking: Ranking, which: str = "all") -> list[PreferencePair]:
+    """The pairs a ranking implies, better completion first (``target`` 1.0): ``"all"`` of them with distinct ranks
+    (in completion order), or only ``"extremes"``: one best against one worst (none when every rank ties). Each
+    pair's meta is the ranking's with ``ranking_pair`` = the two completions' positions."""
+    if which not in ("all", "extremes"):
+        raise ValueError(f"which must be 'all' or 'extremes', got {which!r}")
+    order = range(len(ranking.completions))
+    if which == "extremes":
+        best = min(order, key=lambda i: ranking.ranks[i])
+        worst = max(order, key=lambda i: ranking.ranks[i])
+        index_pairs = [(best, worst)] if ranking.ranks[best] < ranking.ranks[worst] else []
+    else:
+        index_pairs = [(i, j) if ranking.ranks[i] < ranking.ranks[j] else (j, i)
+                       for i in order for j in order if i < j and ranking.ranks[i] != ranking.ranks[j]]
+    return [PreferencePair(ranking.prompt, ranking.completions[i], ranking.completions[j], 1.0, ranking.source,
+                           {**ranking.meta, "ranking_pair": [i, j]}) for i, j in index_pairs]
+
+
+def as_pairs(records, which: str = "all") -> list[PreferencePair]:
+    """Preference records as pairs: a ``PreferencePair`` as it is, a ``Ranking`` as :func:`ranking_pairs`."""
+    out: list[PreferencePair] = []
+    for record in records:
+        out.extend(ranking_pairs(record, which) if isinstance(record, Ranking) else [record])
+    return out

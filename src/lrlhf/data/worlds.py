@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExample
+from lrlhf.data.records import PREFERENCE_KINDS, PreferencePair, PromptExample, Ranking, SFTExample
 from lrlhf.data.splits import dedup_pairs, dedup_prompts, normalise_prompt, prompt_of, split_by_prompt
 from lrlhf.data.summary import DataSummary
 
@@ -153,7 +153,7 @@ class FilesWorld:
         from lrlhf.data.formats import load_records, write_jsonl
 
         report: dict[str, Any] = {"world": self.name, "config": asdict(self), "sources": {}}
-        records, summary = load_records(self.preferences, ("preference", "ranking"), verbose=False)
+        records, summary = load_records(self.preferences, PREFERENCE_KINDS, verbose=False)
         pairs = [r for r in records if isinstance(r, PreferencePair)]
         deduped = dedup_pairs(pairs, summary) if pairs else []
         records = deduped + [r for r in records if isinstance(r, Ranking)]
