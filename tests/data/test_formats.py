@@ -493,3 +493,19 @@ def test_ranking_pairs_put_the_better_completion_first():
     assert as_pairs([pair, ranking], "extremes") == [pair, extremes]
     with pytest.raises(ValueError, match="which must be 'all' or 'extremes', got 'best'"):
         ranking_pairs(ranking, "best")
+
+
+def test_equal_scores_are_a_tie_and_a_lower_scored_chosen_is_refused(tmp_path):
+    # #36 item 5: UltraFeedback-style rows (score_chosen 7.0, score_rejected 7.0) were read as "chosen wins"
+    path = tmp_path / "uf.jsonl"
+    rows = [{"prompt": "q", "chosen": "a", "rejected": "b", "score_chosen": 7.0, "score_rejected": 7.0},
+            {"prompt": "q2", "chosen": "a", "rejected": "b", "score_chosen": 8.5, "score_rejected": 6},
+            {"prompt": "q3", "chosen": "a", "rejected": "b", "score_chosen": 7, "score_rejected": 7, "target": 0.8}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    pairs, _ = load_records(str(path), "preference", verbose=False)
+    assert [p.target for p in pairs] == [0.5, 1.0, 0.8]  # an explicit target wins over the scores
+    assert all("score_chosen" not in p.meta for p in pairs)  # read as labels, not carried as meta
+    path.write_text(json.dumps({"prompt": "q", "chosen": "a", "rejected": "b", "score_chosen": 3,
+                                "score_rejected": 7.5}) + "\n")
+    with pytest.raises(DataFormatError, match=r"uf.jsonl:1: field 'score_chosen' \(3\) is below 'score_rejected'"):
+        load_records(str(path), "preference", verbose=False)

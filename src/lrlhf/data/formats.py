@@ -247,9 +247,20 @@ def read_prompt_completion(row, ctx):
 # --- preferences ---------------------------------------------------------------------------------------
 
 
+#: a pair's optional label fields: an explicit tie, P(chosen wins), or the two answers' scores (UltraFeedback)
+LABEL_KEYS = ("tie", "target", "score_chosen", "score_rejected")
+
+
 def _target(row: dict[str, Any], ctx: _Ctx) -> float:
     tie = ctx.get(row, "tie", bool, "true or false", optional=True)
     target = ctx.get(row, "target", (int, float), "a number in [0, 1]", optional=True)
+    scores = [ctx.get(row, key, (int, float), "a number", optional=True) for key in ("score_chosen", "score_rejected")]
+    if None not in scores:  # equal scores are a tie, not "chosen wins"; a lower-scored chosen is a labelling error
+        if scores[0] < scores[1]:
+            raise ctx.error(f"field 'score_chosen' ({scores[0]}) is below 'score_rejected' ({scores[1]}): the "
+                            "chosen answer scored worse; swap the two or drop the scores")
+        if scores[0] == scores[1] and target is None and tie is None:
+            tie = True
     if target is not None and not (math.isfinite(target) and 0.0 <= target <= 1.0):
         raise ctx.error(f"field 'target' is {target!r}; allowed: a number in [0, 1] (P(chosen wins))")
     if tie and target is not None and target != 0.5:
@@ -268,7 +279,7 @@ def _pair(prompt, chosen, rejected, row, ctx) -> PreferencePair:
 
 
 @_register("preference", "sharegpt_pairwise", ("conversations", "chosen", "rejected"),
-           ("system", "tie", "target"))
+           ("system", *LABEL_KEYS))
 def read_sharegpt_pairwise(row, ctx):
     prompt = sharegpt_conversation(ctx.get(row, "conversations", list, "a list of turns"), ctx,
                                     "conversations")
@@ -280,7 +291,7 @@ def read_sharegpt_pairwise(row, ctx):
     return _pair(with_system(system, prompt), chosen, rejected, row, ctx)
 
 
-@_register("preference", "hh_rlhf", ("chosen", "rejected"), ("tie", "target"),
+@_register("preference", "hh_rlhf", ("chosen", "rejected"), LABEL_KEYS,
            detect=lambda row: "prompt" not in row and isinstance(row["chosen"], str))
 def read_hh_rlhf(row, ctx):
     chosen = hh_transcript(ctx.get(row, "chosen", str, "a transcript string"), ctx, "chosen")
@@ -288,7 +299,7 @@ def read_hh_rlhf(row, ctx):
     return _pair(*split_shared_prompt(chosen, rejected, ctx), row, ctx)
 
 
-@_register("preference", "pairwise", ("chosen", "rejected"), ("prompt", "tie", "target"))
+@_register("preference", "pairwise", ("chosen", "rejected"), ("prompt", *LABEL_KEYS))
 def read_pairwise(row, ctx):
     raw_chosen = ctx.get(row, "chosen", (str, list), "a string or messages")
     raw_rejected = ctx.get(row, "rejected", (str, list), "a string or messages")

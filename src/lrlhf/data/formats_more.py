@@ -18,11 +18,11 @@ from lrlhf.data.conversations import (
     last_assistant,
     split_shared_prompt,
 )
-from lrlhf.data.formats import FORMATS, Format, _Ctx, _pair, _register
+from lrlhf.data.formats import FORMATS, LABEL_KEYS, Format, _Ctx, _pair, _register
 from lrlhf.data.records import PromptExample, UnpairedExample
 
 
-@_register("preference", "chosen_rejected_messages", ("chosen_messages", "rejected_messages"), ("tie", "target"))
+@_register("preference", "chosen_rejected_messages", ("chosen_messages", "rejected_messages"), LABEL_KEYS)
 def read_chosen_rejected_messages(row, ctx):
     chosen = conversation(ctx.get(row, "chosen_messages", list, "a list of messages"), ctx, "chosen_messages",
                           "assistant")
