@@ -150,3 +150,13 @@ def test_a_callbacks_pairs_file_is_read_at_plan_time_as_the_table_reads_it(tmp_p
     sft.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
     with pytest.raises(ValueError, match=rf"^callbacks\.samples\.pairs: .*{sft.name}"):
         check_data([("", OmegaConf.create({"callbacks": {"samples": {"pairs": str(sft)}}}))])
+
+
+def test_a_required_key_left_unset_is_one_line_before_any_work(tmp_path):
+    """#36 item 5: ``model=hf`` without ``model.name_or_path`` printed a 27-line Hydra traceback once a stage began."""
+    out = _train(tmp_path, "recipe=rm", "model=hf", "logger=none", f"hydra.run.dir={tmp_path / 'run'}", check=False)
+    assert out.returncode == 1
+    lines = _error_lines(out)
+    assert lines[0] == ("lrlhf: error: model.name_or_path is required and not set: add model.name_or_path=<hub id "
+                        "or local folder> (model=hf: your own model) to the command"), out.stderr
+    assert len(lines) == 2 and not (tmp_path / "cache").exists()  # nothing built, not even the world

@@ -109,6 +109,32 @@ def stage_key(cfg: DictConfig) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+#: what a required key (``???`` in its config file) is, for its one-line error
+REQUIRED_HINTS = {"model.name_or_path": "<hub id or local folder> (model=hf: your own model)",
+                  "world.preferences": "<your preference file> (world=files: your own data, docs/real_data.md)"}
+
+
+def check_required(cfg: DictConfig) -> None:
+    """Every required value (``???``) is set, or one line names the first missing key before any work (Hydra would
+    raise deep inside the first stage that reads it). ``world.dir`` is filled in by :func:`plan`."""
+
+    def missing(node, prefix: str):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                yield from missing(value, f"{prefix}{key}.")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                yield from missing(value, f"{prefix}{i}.")
+        elif node == "???":
+            yield prefix[:-1]
+
+    keys = [k for k in missing(OmegaConf.to_container(cfg, resolve=False), "") if k != "world.dir"]
+    if keys:
+        raise ValueError(f"{keys[0]} is required and not set: add {keys[0]}="
+                         f"{REQUIRED_HINTS.get(keys[0], '...')} to the command" + (
+                             f" (also unset: {', '.join(keys[1:])})" if keys[1:] else ""))
+
+
 def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path | None = None,
          recover: bool = True) -> list:
     """Fill in ``world.dir`` and ``deps`` of ``cfg`` (recursively for its needs) and validate every stage.
@@ -118,6 +144,7 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
     ``recover``: repair an interrupted swap of a cached stage (global rank 0 does; the other ranks of a launch
     only read, and reach the same plan: a stage is done if its folder, or the copy a repair would restore, is).
     """
+    check_required(cfg)
     with open_dict(cfg):
         cfg.world.dir = str(world_dir(cfg))
     todo = []
