@@ -201,6 +201,7 @@ def test_wandb_offline_without_a_key_never_prompts(tmp_path):
     env = {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
     out = _train(tmp_path, "recipe=sft", "logger=wandb", f"hydra.run.dir={run}", *_tiny("sft"), env=env)
     assert "W&B: no API key, logging offline" in out.stdout
+    assert "anonymous setting" not in out.stdout + out.stderr  # #36: Lightning's anonymous=None made wandb warn
     assert list((run / "wandb").glob("offline-run-*"))
     # the sample table is a W&B table (wandb 0.19 hung here on a server call before _logger's setting)
     assert list((run / "wandb").glob("offline-run-*/files/media/table/samples_*.table.json"))
