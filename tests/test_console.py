@@ -53,7 +53,13 @@ def test_help_lists_each_recipe_with_its_description_and_the_groups():
         description = recipe_description(ROOT / "recipes" / f"{recipe}.yaml")
         assert description and "\n" not in description
         assert re.search(rf"^  {recipe} +{re.escape(description)}$", out.stdout, flags=re.M), recipe
-    assert recipe_description(ROOT / "recipes" / "sft_lora.yaml") == "SFT with a LoRA adapter (merged at export)"
+    assert recipe_description(ROOT / "recipes" / "sft_lora.yaml") == (
+        "Supervised fine-tuning with a LoRA adapter, merged into the model at export")
+    for recipe in RECIPES:  # #36: written for users, one line, brackets closed (rm_ensemble's was not)
+        description = recipe_description(ROOT / "recipes" / f"{recipe}.yaml")
+        assert len(description) <= 100 and description.count("(") == description.count(")"), recipe
+    assert "Your own data: world=files world.preferences=<file>" in out.stdout and "docs/real_data.md" in out.stdout
+    assert "model.name_or_path=<hub id or local folder>" in out.stdout and "hparams.ppo.max_steps" in out.stdout
     assert "logger: csv, none, wandb" in out.stdout and "--verbose" in out.stdout
 
 

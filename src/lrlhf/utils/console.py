@@ -144,21 +144,16 @@ def route_logs_around_bars(name: str = "lightning.pytorch") -> None:
 
 
 # ---------------------------------------------------------------------------------------------- --help
-_SENTENCE_END = re.compile(r";\s|:\s|\.\s+(?=[A-Z])|\.$")
+ABOUT = "# about: "  # a recipe's second line: its one-line description, written for --help
 
 
 def recipe_description(path: Path) -> str:
-    """A recipe's one-line description: the first sentence (up to ``;``, ``:`` or ``.``) of the comment block
-    after its opening ``# python train.py recipe=NAME`` line."""
+    """A recipe's one-line description for ``--help``: its ``# about: ...`` line (the one after the opening
+    ``# python train.py recipe=NAME``); a recipe without one is an error naming the file."""
     lines = path.read_text().splitlines()
-    comment = []
-    for line in lines[1:]:
-        if not line.startswith("#"):
-            break
-        comment.append(line.lstrip("#").strip())
-    text = " ".join(comment)
-    match = _SENTENCE_END.search(text)
-    return (text[:match.start()] if match else text).strip()
+    if len(lines) < 2 or not lines[1].startswith(ABOUT):
+        raise ValueError(f"{path}:2: a recipe's second line is its description for --help, '{ABOUT}...'")
+    return lines[1][len(ABOUT):].strip()
 
 
 def recipes_help(folder: Path) -> str:
