@@ -144,6 +144,8 @@ def test_sft_tiny_with_csv_metrics_and_the_run_folder_layout(tmp_path):
     assert summary["stage"] == "sft" and Path(summary["export"]) == run / "merged"
     assert (run / "adapter" / "adapter_config.json").is_file()
     assert (run / "logs" / "metrics.csv").is_file() and (run / "config.yaml").is_file()
+    # 3 steps, validation every 300: no validation ran, so the final model is validated once (#36: val/loss null)
+    assert isinstance(summary["val/loss"], float) and summary["validated_at_end"] is True
 
 
 def test_ppo_lora_from_an_empty_cache_then_reuses_it(tmp_path):
@@ -172,6 +174,7 @@ def test_dpo_lora_tiny_exports_and_compares_with_sft(tmp_path):
     assert "building the `sft` stage" in out.stdout and "held-out gold utility: SFT" in out.stdout
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stage"] == "dpo" and {"gold/dpo", "gold/dpo_minus_sft_interval"} <= set(summary)
+    assert all(isinstance(summary[k], float) for k in ("val/loss", "val/accuracy", "val/reward_margin"))
     assert (run / "export" / "merged" / "config.json").is_file()
     assert (run / "export" / "adapter" / "adapter_config.json").is_file()
     header = (run / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")

@@ -23,6 +23,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch.utilities.model_helpers import is_overridden
+
 
 def logged(trainer, key: str) -> float | None:
     """``trainer.callback_metrics[key]`` as a float (None when it was not logged)."""
@@ -39,8 +41,16 @@ class StageOutputs:
     summary_metrics: tuple[str, ...] = ()
 
     def stage_summary(self, trainer, out_dir: Path) -> dict[str, Any]:
-        """The figures of training (every rank calls it, before the export)."""
-        return {key: logged(trainer, key) for key in self.summary_metrics}
+        """The figures of training (every rank calls it, before the export). A ``val/`` figure no validation
+        produced (a run shorter than ``trainer.val_check_interval``) comes from one validation of the final model,
+        and ``validated_at_end`` says so."""
+        summary = {key: logged(trainer, key) for key in self.summary_metrics}
+        missing = [key for key, value in summary.items() if key.startswith("val/") and value is None]
+        if missing and trainer.datamodule is not None and is_overridden("validation_step", self):
+            trainer.validate(self, datamodule=trainer.datamodule, verbose=False)  # collective: every rank is here
+            summary.update({key: logged(trainer, key) for key in missing})
+            summary["validated_at_end"] = True
+        return summary
 
     def finish(self, datamodule, out_dir: Path, trained) -> dict[str, Any]:
         """Evaluations after training that need the data (global rank 0, on the whole module; ``trained`` is the
