@@ -160,3 +160,25 @@ def test_a_required_key_left_unset_is_one_line_before_any_work(tmp_path):
     assert lines[0] == ("lrlhf: error: model.name_or_path is required and not set: add model.name_or_path=<hub id "
                         "or local folder> (model=hf: your own model) to the command"), out.stderr
     assert len(lines) == 2 and not (tmp_path / "cache").exists()  # nothing built, not even the world
+
+
+def test_a_stage_trained_as_the_main_recipe_is_reused_by_a_recipe_that_needs_it(tmp_path):
+    """#36 item 3: ``recipe=sft`` then ``recipe=rm`` with the same settings trained SFT twice."""
+    shared = [o for o in _tiny("rm") if o.startswith("world.")] + [
+        "hparams.sft.max_steps=3", "hparams.rm.max_steps=3", "logger=none"]
+    out = _train(tmp_path, "recipe=sft", f"hydra.run.dir={tmp_path / 'sft'}", *shared)
+    entry = tmp_path / "cache" / "stages" / json.loads((tmp_path / "sft" / "summary.json").read_text())["cache_entry"]
+    assert f"registered in the stage cache as {entry}" in out.stdout
+    assert entry.is_symlink() and entry.resolve() == (tmp_path / "sft").resolve()
+    out = _train(tmp_path, "recipe=rm", f"hydra.run.dir={tmp_path / 'rm'}", *shared)
+    assert "building the `sft` stage" not in out.stdout and f"reusing the `sft` stage: {entry}" in out.stdout
+    assert json.loads((tmp_path / "rm" / "summary.json").read_text())["reused"] == {"sft": str(entry)}
+    # an override of its own makes another stage: not registered under the recipe's entry
+    out = _train(tmp_path, "recipe=sft", f"hydra.run.dir={tmp_path / 'sft_lr'}", *shared, "module.config.lr=0.01")
+    assert "registered in the stage cache" not in out.stdout
+    assert "cache_entry" not in json.loads((tmp_path / "sft_lr" / "summary.json").read_text())
+    # the run folder gone (or reused by another run): the link no longer counts, the stage is built into the cache
+    shutil.rmtree(tmp_path / "sft")
+    out = _train(tmp_path, "recipe=rm", f"hydra.run.dir={tmp_path / 'rm2'}", *shared)
+    assert "building the `sft` stage" in out.stdout, out.stdout
+    assert not entry.is_symlink() and (entry / "summary.json").is_file()

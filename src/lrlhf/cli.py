@@ -27,15 +27,17 @@ from lrlhf.planning import (
     check_data,
     check_resume,
     check_shared_run_dir,
+    link_stage,
     plan,
     remove_dead_builds,
     run_config,
+    stage_entry,
     start_build,
 )
 from lrlhf.utils.console import print_summary
 from lrlhf.utils.distributed import close_process_group
 from lrlhf.utils.errors import InvariantError
-from lrlhf.utils.io import atomic_save_children
+from lrlhf.utils.io import atomic_save_children, atomic_write_text
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL_GROUPS = {"recipe": "recipes", "callbacks": "callbacks"}
@@ -225,6 +227,8 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
 #: Every stage a recipe may name: the trained ones, ``eval`` (no training; lrlhf.eval.harness), ``iterative``
 #: (rounds of labelling, RM and PPO stages; lrlhf.rounds) and ``rm_ensemble`` (N rm stages; lrlhf.ensembles).
 STAGES = ("sft", "rm", "ppo", "dpo", "eval", "iterative", "rm_ensemble")
+#: The stages one training run makes, which the stage cache can hold for a recipe that needs them.
+TRAINED_STAGES = ("sft", "rm", "ppo", "dpo")
 
 
 # ----------------------------------------------------------------------------------------------- main
@@ -292,7 +296,12 @@ def run(cfg: DictConfig) -> dict:
             (building / OWNER_FILE).unlink(missing_ok=True)
             swap_folder_in(building, out_dir)
         barrier()  # the next stage reads this one's export
+    built = {out_dir for _, _, out_dir in todo}
+    reused = {name: path for name, path in (cfg.get("deps") or {}).items()
+              if path and Path(path) not in built and Path(path).is_relative_to(Path(cfg.paths.cache_dir).expanduser())}
     if zero:
+        for name, path in reused.items():
+            print(f"reusing the `{name}` stage: {path}")
         print(f"[{next(number)}/{steps}] the `{cfg.stage}` stage, in {run_dir}")
     if cfg.stage == "iterative":  # rounds of labels, RM and PPO stages (lrlhf.rounds), on one process
         from lrlhf.planning import _shared_overrides
@@ -305,8 +314,19 @@ def run(cfg: DictConfig) -> dict:
         summary = run_rounds(cfg, run_dir, run_stage, compose_stage)
     else:
         summary = run_stage(cfg, run_dir)
+    entry = None
+    if zero and cfg.cache and cfg.stage in TRAINED_STAGES:  # a later recipe needing this one reuses it
+        entry = stage_entry(cfg, hydra_cfg.runtime.choices.recipe, overrides, compose_recipe)
+    if zero and (reused or entry):
+        summary.update({"reused": reused} if reused else {}, **({"cache_entry": entry.name} if entry else {}))
+        atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
+    if entry:
+        link_stage(entry, run_dir)
     if zero:
         print_summary(summary)
+        if entry:
+            print(f"registered in the stage cache as {entry} (a recipe needing `{hydra_cfg.runtime.choices.recipe}` "
+                  "with these settings reuses it)")
     elif cfg.stage != "eval":  # rank 0 exported, evaluated and wrote the summary (eval: rank 0 alone, not yet)
         summary = json.loads((run_dir / "summary.json").read_text())
     close_process_group()

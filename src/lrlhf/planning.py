@@ -154,17 +154,15 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
         extra = list(cfg.stage_overrides.get(name) or [])
         dep = compose(recipe, _shared_overrides(overrides) + extra)
         todo += [t for t in plan(dep, overrides, compose, inside, recover) if all(t[2] != u[2] for u in todo)]
-        with open_dict(dep):  # the run folder must not enter the key (callbacks interpolate it)
-            dep.paths.run_dir = "<stage folder>"
-        out_dir = (inside / name) if inside is not None else (
-            Path(cfg.paths.cache_dir).expanduser() / "stages" / f"{recipe}-{stage_key(dep)}"
-        )
+        out_dir = (inside / name) if inside is not None else cache_folder(dep, recipe)
         with open_dict(dep):
             dep.paths.run_dir = str(out_dir)
         with open_dict(cfg):
             cfg.deps[name] = str(out_dir)
         if recover:
             recover_folder(out_dir)  # a stage whose swap into the cache was interrupted
+            if out_dir.is_symlink() and not _stage_done(out_dir):
+                out_dir.unlink()  # a run folder registered here (register_stage), since removed or overwritten
         if not _stage_done(out_dir) and all(t[2] != out_dir for t in todo):
             todo.append((recipe, dep, out_dir))
     check_world(cfg)
@@ -172,11 +170,50 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
     return todo
 
 
+def cache_folder(cfg: DictConfig, recipe: str) -> Path:
+    """Where the stage cache keeps the stage ``cfg`` (planned: its ``deps`` filled) computes:
+    ``<paths.cache_dir>/stages/<recipe>-<stage_key>``, the run folder left out of the key."""
+    keyed = cfg.copy()
+    with open_dict(keyed):  # the run folder must not enter the key (callbacks interpolate it)
+        keyed.paths.run_dir = "<stage folder>"
+    return Path(cfg.paths.cache_dir).expanduser() / "stages" / f"{recipe}-{stage_key(keyed)}"
+
+
 def _stage_done(out_dir: Path) -> bool:
     """``out_dir`` holds a finished stage, or will once :func:`recover_folder` runs (read-only; the old copy is
-    looked at first: a concurrent repair moves it to ``out_dir`` or removes it only when ``out_dir`` is complete)."""
+    looked at first: a concurrent repair moves it to ``out_dir`` or removes it only when ``out_dir`` is complete).
+    A link to a run folder (:func:`register_stage`) counts while that folder's summary still names this entry."""
+    if out_dir.is_symlink():
+        try:
+            return json.loads((out_dir / "summary.json").read_text()).get("cache_entry") == out_dir.name
+        except (OSError, ValueError):
+            return False
     return (out_dir.with_name(f".{out_dir.name}.old") / "summary.json").is_file() or (
         out_dir / "summary.json").is_file()
+
+
+def stage_entry(cfg: DictConfig, recipe: str, overrides: list[str], compose: Callable) -> Path | None:
+    """The stage-cache entry a run of ``recipe`` (planned) fills (#36: ``recipe=rm`` then ``recipe=ppo_lora``
+    trained the RM twice): the entry a later recipe needing ``recipe`` would build, when this run's config is
+    exactly what that recipe composes from the shared overrides and the entry is free; None when the run has an
+    override of its own (it is another stage) or the entry holds a stage already."""
+    needed = compose(recipe, _shared_overrides(overrides))
+    plan(needed, overrides, compose, recover=False)
+    entry = cache_folder(needed, recipe)
+    if entry != cache_folder(cfg, recipe) or _stage_done(entry) or entry.exists():
+        return None
+    return entry
+
+
+def link_stage(entry: Path, run_dir: Path) -> None:
+    """Make ``entry`` a link to the run folder ``run_dir`` (atomically), whose ``summary.json`` already names it
+    as ``cache_entry``: the link counts only while it does (:func:`_stage_done`), so a run folder removed or
+    reused for another run is rebuilt, never read. Global rank 0."""
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    link = entry.with_name(f".{entry.name}.link")
+    link.unlink(missing_ok=True)
+    link.symlink_to(run_dir.resolve(), target_is_directory=True)
+    os.replace(link, entry)
 
 
 def validate(cfg: DictConfig) -> None:
