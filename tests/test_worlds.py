@@ -204,3 +204,49 @@ def test_ppo_on_an_hh_world_with_a_real_tokenizer_runs_every_stage_and_reports_t
     [table] = (tmp_path / "run").rglob("samples.csv")
     rows = list(csv.DictReader(table.open()))
     assert rows and all(r["reward"] and r["judge"] and r["kl"] for r in rows)
+
+
+def _tree_rankings(path: Path, trees: int = 60) -> Path:
+    """OpenAssistant-style rankings: per tree a root question and a follow-up whose prompt quotes the root's best
+    answer (as a conversation tree's later turn does), each with the tree's ``group``."""
+    rows = []
+    for t in range(trees):
+        root = f"question {t} about topic {t % 5}?"
+        answers = [f"answer {t}.{k}" for k in range(3)]
+        rows.append({"prompt": root, "completions": answers, "ranks": [2, 1, 3], "group": f"tree-{t}"})
+        follow = [{"role": "user", "content": root}, {"role": "assistant", "content": answers[1]},
+                  {"role": "user", "content": f"and then {t}?"}]
+        rows.append({"prompt": follow, "completions": [f"then {t}.a", f"then {t}.b"], "ranks": [1, 2],
+                     "group": f"tree-{t}"})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_world_keeps_each_group_in_one_split_and_counts_them(tmp_path):
+    """#36 item 4: the world split by prompt, so a tree's turns crossed splits (11 of 26 OpenAssistant test trees
+    were in the RM's training pairs)."""
+    world = FilesWorld(preferences=str(_tree_rankings(tmp_path / "ranks.jsonl")), name="files")
+    world.build(tmp_path / "w")
+    groups = {}
+    for name in ("pref_train", "pref_val", "pref_test", "judge_train", "judge_val", "eval_prompts"):
+        kind = "prompt" if name == "eval_prompts" else "ranking"
+        records, _ = load_records(str(tmp_path / "w" / f"{name}.jsonl"), kind, verbose=False)
+        groups[name] = {r.meta["group"] for r in records}
+        assert records, name
+    names = list(groups)
+    crossing = {(a, b): groups[a] & groups[b] for i, a in enumerate(names) for b in names[i + 1:]}
+    assert not any(crossing.values()), crossing
+    assert sum(len(g) for g in groups.values()) == 60  # every tree somewhere, whole
+    report = json.loads((tmp_path / "w" / "world.json").read_text())
+    assert {n: report["groups"][n] for n in names} == {n: len(g) for n, g in groups.items()}
+    # a record joined to a group by its prompt alone goes with the group (no group field on it)
+    from lrlhf.data.records import Ranking
+    from lrlhf.data.splits import split_by_prompt
+
+    user = [{"role": "user", "content": "q"}]
+    a = [{"role": "assistant", "content": "x"}]
+    records = [Ranking(user, [a, a], [1, 2], meta={"group": f"g{i}"}) for i in range(3)]
+    records += [Ranking([{"role": "user", "content": f"other {i}"}], [a, a], [1, 2], meta={"group": f"g{i}"})
+                for i in range(3)]
+    parts = split_by_prompt(records, {"x": 0.5, "y": 0.5}, seed=1)
+    assert sorted(len(v) for v in parts.values()) == [0, 6]  # g0..g2 share the prompt q: one component

@@ -38,20 +38,56 @@ def _unit_hash(text: str, seed: int) -> float:
     return int.from_bytes(digest[:8], "big") / 2**64
 
 
+#: a record's conversation tree or other group, read from its ``meta`` (a ``group`` field in the data, or
+#: OpenAssistant's ``message_tree_id``): all the records of one group land in one split
+GROUP_KEYS = ("group", "message_tree_id")
+
+
+def group_of(record) -> str | None:
+    """A record's group (:data:`GROUP_KEYS` in its meta), or None."""
+    meta = getattr(record, "meta", None) or {}
+    return next((f"{key}={meta[key]}" for key in GROUP_KEYS if meta.get(key) is not None), None)
+
+
+def split_keys(records: Sequence) -> list[str]:
+    """What decides each record's split: the records joined by a shared group or a shared normalised prompt
+    (the turns of one conversation tree repeat each other: a later turn's prompt holds an earlier answer) form
+    one component, named by its smallest group, else its smallest prompt."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    nodes = []
+    for record in records:
+        prompt, group = "p" + normalise_prompt(prompt_of(record)), group_of(record)
+        nodes.append(prompt)
+        find(prompt)
+        if group is not None:  # "g" sorts before "p": a component with a group is named by one
+            a, b = find(prompt), find("g" + group)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    return [find(node)[1:] for node in nodes]
+
+
 def split_by_prompt(
     records: Sequence[R], fractions: Mapping[str, float], seed: int = 0
 ) -> dict[str, list[R]]:
-    """Assign each record to a split by a seeded hash of its normalised prompt.
+    """Assign each record to a split by a seeded hash of its :func:`split_keys` (its group, else its prompt).
 
-    ``fractions`` maps split names to shares that sum to 1; a prompt's hash ``u`` in [0, 1) picks the
-    first split whose cumulative share exceeds ``u``, in the mapping's order. Records with one prompt
-    always land together, the result depends only on (seed, prompt) -- not on record order or on the
+    ``fractions`` maps split names to shares that sum to 1; a key's hash ``u`` in [0, 1) picks the first split
+    whose cumulative share exceeds ``u``, in the mapping's order. Records sharing a group or a prompt always
+    land together; without groups the result depends only on (seed, prompt) -- not on record order or on the
     other records -- and each split keeps the input order. Shares are expected, not exact, counts.
     """
     names, bounds = _cumulative(fractions)
     splits: dict[str, list[R]] = {name: [] for name in fractions}
-    for record in records:
-        u = _unit_hash(normalise_prompt(prompt_of(record)), seed)
+    for record, key in zip(records, split_keys(records), strict=True):
+        u = _unit_hash(key, seed)
         # The fallback covers u just below 1.0 when the float sum of shares rounds under it.
         name = next((n for n, bound in zip(names, bounds, strict=True) if u < bound), names[-1])
         splits[name].append(record)

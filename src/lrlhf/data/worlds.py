@@ -14,7 +14,8 @@ A world is built once into ``<paths.cache_dir>/worlds/<key>/`` with one file lay
 ``world.json``         what was built, from what, with the counts of every file and of every drop
 =====================  ==========================================================================================
 
-Every prompt sits in one split only (:func:`lrlhf.data.splits.split_by_prompt`); the SFT validation prompts,
+Every prompt, and every group (a record's ``group`` or ``message_tree_id``: one conversation tree), sits in one
+split only (:func:`lrlhf.data.splits.split_by_prompt`); the SFT validation prompts,
 which early stopping samples on, are neither RL nor evaluation prompts. A world also names its ``judge``
 (``eval.judge`` and ``callbacks.early_stopping.utility`` default to it): the toy world's gold utility, or for data
 without gold the judge RM. ``has_gold`` tells whether the world has a gold utility (only the toy world does).
@@ -29,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from lrlhf.data.records import PREFERENCE_KINDS, PreferencePair, PromptExample, Ranking, SFTExample
-from lrlhf.data.splits import dedup_pairs, dedup_prompts, normalise_prompt, prompt_of, split_by_prompt
+from lrlhf.data.splits import dedup_pairs, dedup_prompts, group_of, normalise_prompt, prompt_of, split_by_prompt
 from lrlhf.data.summary import DataSummary
 
 #: The files every world writes (a toy world writes rankings and its model too).
@@ -131,6 +132,7 @@ class FilesWorld:
     def key(self) -> str:
         content = {k: v for k, v in asdict(self).items() if k not in ("judge",)}
         content["files"] = [_file_identity(p) for p in (self.preferences, self.sft, self.prompts)]
+        content["splits"] = "groups"  # #36: a record's group keeps its tree in one split (worlds before: by prompt)
         return f"{self.name}-{_digest(content)}"
 
     def check(self) -> None:
@@ -163,6 +165,8 @@ class FilesWorld:
                                   if name != "eval"}
         held_out = {normalise_prompt(prompt_of(r)) for name in ("eval", "judge_train", "judge_val")
                     for r in parts[name]}
+        held_out |= {group for name in ("eval", "judge_train", "judge_val") for r in parts[name]
+                     if (group := group_of(r)) is not None}
         eval_prompts = dedup_prompts([PromptExample(prompt_of(r), meta=dict(r.meta)) for r in parts["eval"]])
         files["eval_prompts"] = self._limit("eval_prompts", eval_prompts)
 
@@ -194,6 +198,9 @@ class FilesWorld:
                                  f"{self.fractions}, world.limits {self.limits}); give it a larger share or more data")
             write_jsonl(rows, out / f"{name}.jsonl")
         report["files"] = {name: len(rows) for name, rows in files.items()}
+        groups = {name: len({g for r in rows if (g := group_of(r)) is not None}) for name, rows in files.items()}
+        if any(groups.values()):  # each group sits in one split (lrlhf.data.splits.split_keys)
+            report["groups"] = groups
         (out / "world.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
 
     def _limit(self, name: str, rows: list) -> list:
@@ -201,8 +208,9 @@ class FilesWorld:
         return rows if limit is None else rows[:limit]
 
     @staticmethod
-    def _without(records: list, prompts: set[str], summary: DataSummary) -> list:
-        kept = [r for r in records if normalise_prompt(prompt_of(r)) not in prompts]
+    def _without(records: list, held_out: set[str], summary: DataSummary) -> list:
+        """``records`` less those whose prompt or group is in ``held_out``."""
+        kept = [r for r in records if normalise_prompt(prompt_of(r)) not in held_out and group_of(r) not in held_out]
         if len(kept) < len(records):
             summary.drop("held_out_prompt", len(records) - len(kept))
         return kept
