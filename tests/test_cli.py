@@ -153,6 +153,10 @@ def test_ppo_lora_from_an_empty_cache_then_reuses_it(tmp_path):
     out = _train(tmp_path, "recipe=ppo_lora", "logger=csv", f"hydra.run.dir={run}", *_tiny("ppo_lora"))
     assert "building the `sft` stage" in out.stdout and "building the `rm` stage" in out.stdout
     assert "held-out gold utility: SFT" in out.stdout
+    # #36: before any work, what will train, how long, and the keys that change it
+    assert ("plan: sft 3 steps, rm 3 steps, then ppo_lora 3 steps (sizes: hparams=toy, model=toy; change with "
+            "hparams.ppo.max_steps=N, hparams.rm.max_steps=N, hparams.sft.max_steps=N;") in out.stdout
+    assert out.stdout.index("plan:") < out.stdout.index("building the toy world")
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stage"] == "ppo" and (run / "export" / "merged" / "config.json").is_file()
     header = (run / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
@@ -164,7 +168,7 @@ def test_ppo_lora_from_an_empty_cache_then_reuses_it(tmp_path):
     assert rm_summary["run_dir"] == str(rm_dir) and rm_summary["export"] == str(rm_dir / "model")
     # a second run reuses both stages
     out = _train(tmp_path, "recipe=ppo_lora", "logger=none", f"hydra.run.dir={tmp_path / 'run2'}", *_tiny("ppo_lora"))
-    assert "building the" not in out.stdout
+    assert "building the" not in out.stdout and "plan: ppo_lora 3 steps (sizes" in out.stdout
     assert sorted(p.name for p in (tmp_path / "cache" / "stages").iterdir()) == stages
 
 
@@ -417,3 +421,18 @@ def test_eval_recipe_tiny_writes_the_table_and_the_plots(tmp_path):
     pad = {r["transform"]: r for r in results["counterfactual"]["sft"]}["pad_filler"]
     assert pad["changed"] == 12 and "judge_delta" in pad  # 6 prompts x 2 samples, every one padded
     assert "## sft (12 samples)" in (run / "counterfactual.md").read_text()
+
+
+def test_model_hf_without_a_gpu_gets_the_cpu_sizes_unless_hparams_is_chosen(monkeypatch, capsys):
+    """#36 item 2: ``model=hf`` on a CPU began the GPU-sized stages (a 1000-step SFT, 18 h) without a word."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cli._sized_for_the_machine(["recipe=rm", "model=hf"]) == ["recipe=rm", "model=hf", "hparams=cpu"]
+    assert "model=hf without a GPU: hparams=cpu" in capsys.readouterr().out
+    for args in (["model=hf", "hparams=hf"], ["model=smollm2"], ["recipe=rm"], ["model=hf", "--help"]):
+        assert cli._sized_for_the_machine(args) == args
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert cli._sized_for_the_machine(["model=hf"]) == ["model=hf"]
+    cfg = _compose(["model=hf", "hparams=cpu", "model.name_or_path=x", "paths.run_dir=."])
+    assert cfg.trainer.max_steps == 16 and cfg.module.calibration.n_prompts == 16  # ppo_lora at the CPU sizes

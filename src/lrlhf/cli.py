@@ -259,6 +259,8 @@ def run(cfg: DictConfig) -> dict:
             print(f"removed {stale}: a stage build whose process is gone")
     if zero and cfg.get("logger") and "WandbLogger" in str(cfg.logger.get("_target_")) and cfg.logger.offline:
         print("W&B: no API key, logging offline; upload later with `wandb sync` on the run's wandb/ folder")
+    if zero:
+        print(plan_line(cfg, todo, hydra_cfg.runtime.choices), flush=True)
     world = Path(cfg.world.dir)
     steps = len(todo) + 1 + (not (world / "world.json").is_file())  # the console's numbered story
     number = iter(range(1, steps + 1))
@@ -333,6 +335,19 @@ def run(cfg: DictConfig) -> dict:
     return summary
 
 
+def plan_line(cfg: DictConfig, todo: list, choices) -> str:
+    """Before any work, what will train and how long each stage is, and the keys that change it (#36)."""
+    parts = [f"{recipe} {dep.trainer.max_steps} steps" for recipe, dep, _ in todo]
+    if cfg.stage in TRAINED_STAGES:
+        parts.append(f"{'then ' if parts else ''}{choices.recipe} {cfg.trainer.max_steps} steps")
+    else:
+        parts.append(f"{'then ' if parts else ''}{choices.recipe}")
+    stages = sorted({dep.stage for _, dep, _ in todo} | ({cfg.stage} & set(TRAINED_STAGES)))
+    keys = ", ".join(f"hparams.{stage}.max_steps=N" for stage in stages)
+    return (f"plan: {', '.join(parts)} (sizes: hparams={choices.hparams}, model={choices.model}"
+            + (f"; change with {keys}" if keys else "") + "; each stage shows its pace after its first step)")
+
+
 def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:
     cfg = cfg.copy()
     with open_dict(cfg):
@@ -373,6 +388,20 @@ def _refuse_moved_keys(args: list[str]) -> None:
             raise SystemExit(f"lrlhf: error: {key} is gone: set {MOVED_KEYS[key[len('module.config.'):]]}")
 
 
+def _sized_for_the_machine(args: list[str]) -> list[str]:
+    """``model=hf`` without a GPU and without an ``hparams=`` of the user's: the CPU-sized stages (``hparams=cpu``),
+    said in one line (#36: the GPU sizes began a 1000-step SFT at 64 s a step, without a word)."""
+    if "model=hf" not in args or "--help" in args or any(a.lstrip("+~").startswith("hparams=") for a in args):
+        return args
+    import torch
+
+    if torch.cuda.is_available():
+        return args
+    print("model=hf without a GPU: hparams=cpu, every stage sized for a first run on a CPU "
+          "(configs/hparams/cpu.yaml; hparams=hf for the GPU sizes)", flush=True)
+    return [*args, "hparams=cpu"]
+
+
 def main(argv: list[str] | None = None) -> None:
     """``--verbose`` (or ``LRLHF_VERBOSE=1``) shows everything (:mod:`lrlhf.utils.console`); a run stopped by
     SIGTERM / SIGINT (:class:`~lrlhf.callbacks.StopOnSignal`) ends with the command that resumes it."""
@@ -384,6 +413,7 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"lrlhf: no configs/train.yaml under {ROOT}; run from a checkout (pip install -e .)")
     verbose, args = verbose_requested(list(sys.argv[1:] if argv is None else argv))
     _refuse_moved_keys(args)
+    args = _sized_for_the_machine(args)
     setup_console(verbose, wandb_offline=_wandb_offline())
     register()
     sys.argv = [sys.argv[0], *args]

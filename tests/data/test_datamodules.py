@@ -258,3 +258,14 @@ def test_a_too_long_ranking_answer_is_removed_not_its_group_and_every_drop_is_re
     out = capsys.readouterr().out
     assert ("data train (ranks.v1.jsonl), encoded with max_length=24: 3 records -> 2 kept; dropped too_long 1; "
             "1 ranking answers removed as too long") in out
+
+
+def test_max_eval_records_cuts_val_and_test_not_train(chatml):
+    # #36 item 2: evaluation's fixed cost scales with a short run (hparams.<stage>.max_eval_records)
+    dm = SFTDataModule(chatml, train=sft_records(10), val=sft_records(7), test=sft_records(5), batch_size=2,
+                       max_length=32, max_eval_records=3)
+    dm.setup("fit")
+    assert {k: len(v) for k, v in dm.datasets.items()} == {"train": 10, "val": 3, "test": 3}
+    assert dm.reports["val"]["records"] == 3
+    with pytest.raises(ValueError, match=r"data.max_eval_records must be >= 1 or null \(all\), got 0"):
+        SFTDataModule(chatml, train=sft_records(2), max_eval_records=0)

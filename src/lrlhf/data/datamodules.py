@@ -98,6 +98,8 @@ class ChatDataModule(pl.LightningDataModule):
         num_replicas, rank: sharding when no trainer is attached (a trainer's values take precedence).
         format, load_kwargs: passed to ``load_records`` for sources.
         split_fractions: shares of a shared source per split (renormalised over the splits that share it).
+        max_eval_records: the first N records of the val and test splits (None: all): evaluation's fixed cost
+            scaled to a short run (``hparams.<stage>.max_eval_records``; a CPU-sized run sets it).
     """
 
     record_kind: str | tuple[str, ...] = ""  # the ``kind`` argument of load_records
@@ -126,6 +128,7 @@ class ChatDataModule(pl.LightningDataModule):
         format: str = "auto",
         load_kwargs: dict | None = None,
         split_fractions: dict[str, float] | None = None,
+        max_eval_records: int | None = None,
     ):
         super().__init__()
         check_choice("truncation", truncation, TRUNCATION_POLICIES)
@@ -135,6 +138,9 @@ class ChatDataModule(pl.LightningDataModule):
             raise ValueError(f"packing=True is not supported by {type(self).__name__}")
         if batch_size < 1 or max_length < 1:
             raise ValueError(f"batch_size={batch_size} and max_length={max_length} must be positive")
+        if max_eval_records is not None and max_eval_records < 1:
+            raise ValueError(f"data.max_eval_records must be >= 1 or null (all), got {max_eval_records}")
+        self.max_eval_records = max_eval_records
         self.tokenizer = load_tokenizer(tokenizer)
         self.sources = {"train": train, "val": val, "test": test}
         self.batch_size = batch_size
@@ -208,6 +214,8 @@ class ChatDataModule(pl.LightningDataModule):
             if self.sources[split] is None or split in self.datasets:
                 continue
             records, stats = self._records(split)
+            if split != "train" and self.max_eval_records is not None:
+                records = records[:self.max_eval_records]
             before = dict(stats.dropped), stats.truncated, stats.removed_answers
             items = [item for item in (self.encode(r, stats) for r in records) if item is not None]
             self.reports[split] = self._report(split, records, items, stats, before)
