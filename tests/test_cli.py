@@ -70,7 +70,7 @@ def _tiny(recipe):
     # eval exists only in PPO and DPO recipes; data.batch_size in all
     if recipe == "eval":
         return EVAL_TINY
-    has_eval = recipe.startswith(("ppo", "dpo", "rloo", "grpo")) or recipe == "pipeline"
+    has_eval = recipe.startswith(("ppo", "dpo", "kto", "rloo", "grpo")) or recipe == "pipeline"
     return [o for o in TINY if not (o.startswith("eval.") and not has_eval)]
 
 
@@ -85,7 +85,7 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
     todo = planning.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
     needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"], "judge_rm": [],
              "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"],
-             "iterative_ppo": ["sft"], "rm_ensemble": ["sft"]}.get(recipe, ["sft", "rm"])
+             "iterative_ppo": ["sft"], "rm_ensemble": ["sft"], "kto_lora": ["sft"]}.get(recipe, ["sft", "rm"])
     # iterative: each round trains its own RM; rm_ensemble: its members are rm stages of its own
     assert [t[0] for t in todo] == needs
     assert not (tmp_path / "worlds").exists()

@@ -226,9 +226,9 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
 
 #: Every stage a recipe may name: the trained ones, ``eval`` (no training; lrlhf.eval.harness), ``iterative``
 #: (rounds of labelling, RM and PPO stages; lrlhf.rounds) and ``rm_ensemble`` (N rm stages; lrlhf.ensembles).
-STAGES = ("sft", "rm", "ppo", "dpo", "eval", "iterative", "rm_ensemble")
+STAGES = ("sft", "rm", "ppo", "dpo", "kto", "eval", "iterative", "rm_ensemble")
 #: The stages one training run makes, which the stage cache can hold for a recipe that needs them.
-TRAINED_STAGES = ("sft", "rm", "ppo", "dpo")
+TRAINED_STAGES = ("sft", "rm", "ppo", "dpo", "kto")
 
 
 # ----------------------------------------------------------------------------------------------- main

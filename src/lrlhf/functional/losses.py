@@ -226,3 +226,51 @@ def dpo_loss(
             accuracy=(chosen_rewards > rejected_rewards).float().mean(),
         )
     return losses.mean(), stats
+
+
+class KTOStats(NamedTuple):
+    """Detached tensors from :func:`kto_loss`.
+
+    Fields:
+        rewards: ``(B,)`` implicit rewards ``beta * (log pi - log ref)`` of every answer.
+        kl: scalar, the reference point ``z0`` the loss used (the batch's KL estimate, clamped at 0).
+    """
+
+    rewards: Tensor
+    kl: Tensor
+
+
+def kto_loss(
+    policy_logps: Tensor,
+    ref_logps: Tensor,
+    policy_kl_logps: Tensor,
+    ref_kl_logps: Tensor,
+    desirable: Tensor,
+    beta: float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> tuple[Tensor, KTOStats]:
+    """KTO loss (Ethayarajh et al., 2024, eq. 7-8) as TRL's ``KTOTrainer`` computes it (``loss_type="kto"``), mean
+    over the batch's answers.
+
+    ``z0 = max(0, mean(log pi(y'|x) - log ref(y'|x)))``, detached: the KL reference point, estimated on mismatched
+    (prompt, answer) pairs ``y'`` of the batch; ``r = log pi(y|x) - log ref(y|x)``;
+    a desirable answer's loss ``w_d (1 - sigmoid(beta (r - z0)))``, an undesirable one's ``w_u (1 - sigmoid(beta
+    (z0 - r)))``.
+
+    Args:
+        policy_logps, ref_logps: ``(B,)`` summed log-probs of each answer (its tokens only).
+        policy_kl_logps, ref_kl_logps: ``(B,)`` the same for each prompt with another example's answer.
+        desirable: ``(B,)`` bool, True for a desirable answer.
+        beta: the implicit reward's scale; desirable_weight, undesirable_weight: ``w_d``, ``w_u`` (> 0).
+    """
+    if beta <= 0 or desirable_weight <= 0 or undesirable_weight <= 0:
+        raise ValueError(f"kto_loss: beta ({beta}) and the weights ({desirable_weight}, {undesirable_weight}) "
+                         "must be > 0")
+    with torch.no_grad():
+        kl = (policy_kl_logps - ref_kl_logps).mean().clamp(min=0)
+    logratio = policy_logps - ref_logps.detach()
+    desirable = desirable.bool()
+    losses = torch.where(desirable, desirable_weight * (1 - torch.sigmoid(beta * (logratio - kl))),
+                         undesirable_weight * (1 - torch.sigmoid(beta * (kl - logratio))))
+    return losses.mean(), KTOStats(rewards=beta * logratio.detach(), kl=kl)

@@ -1,6 +1,7 @@
 """LightningModules: they orchestrate the functional, data and model layers, one numbered step at a time."""
 
 from lrlhf.modules.dpo import DPOConfig, DPOModule
+from lrlhf.modules.kto import KTOConfig, KTOModule
 from lrlhf.modules.ppo import PPOConfig, PPOModule, RewardAdapter, RewardEnsemble, Rollout
 from lrlhf.modules.reward import (
     RewardCalibration,
@@ -17,6 +18,8 @@ from lrlhf.modules.sft import SFTConfig, SFTModule
 __all__ = [
     "DPOConfig",
     "DPOModule",
+    "KTOConfig",
+    "KTOModule",
     "FunctionReward",
     "PPOConfig",
     "PPOModule",
