@@ -2,6 +2,7 @@
 rejected_messages, KTO (never SFT by accident), tool-call roles, 0-based ranks, HH pairs as prompts. Each is read
 into a normalised record checked against its source, or refused naming file, line and field."""
 
+import dataclasses
 import json
 
 import pytest
@@ -115,13 +116,13 @@ def test_tool_calls_map_to_the_templates_tool_role_or_are_refused(tmp_path, chat
     (record,), _ = load_records(_file(tmp_path, "glaive_toolcall.jsonl", [TOOLS_ROW]), "sft", verbose=False)
     assert [m["role"] for m in record.messages] == ["user", "assistant", "tool", "assistant"]
     assert record.messages[2]["content"] == "five" and record.meta == {"tools": '[{"name": "add"}]'}
-    encoded = encode_sft(chatml, record, max_length=64)  # ChatML writes any role
-    assert encoded is not None
+    encoded = encode_sft(chatml, dataclasses.replace(record, meta={}), max_length=64)  # ChatML writes any role
+    assert encoded is not None  # (its tools: test_tool_schemas_are_rendered_...)
     no_tool = make_tokenizer(
         "{% for m in messages %}{% if m['role'] == 'user' %}User : {{ m['content'] }}\n{% elif m['role'] == "
         "'assistant' %}Assistant : {{ m['content'] }}\n{% endif %}{% endfor %}", eos="</s>")
     with pytest.raises(ChatTemplateError, match="has no tool role: a tool's answer"):
-        encode_sft(no_tool, record, max_length=64)
+        encode_sft(no_tool, dataclasses.replace(record, meta={}), max_length=64)
 
 
 def test_zero_based_ranks_order_like_one_based_ones(tmp_path, chatml):
@@ -133,3 +134,32 @@ def test_zero_based_ranks_order_like_one_based_ones(tmp_path, chatml):
     with pytest.raises(DataFormatError, match=r"ranks\.jsonl:1: field 'ranks' is \[1, -1\]; allowed: integers >= 0"):
         load_records(_file(tmp_path, "ranks.jsonl", [{"prompt": "hi", "completions": ["a", "b"], "ranks": [1, -1]}]),
                      "ranking", verbose=False)
+
+
+TOOLS_TEMPLATE = ("{% if tools %}<tools>{{ tools | tojson }}</tools>\n{% endif %}{% for m in messages %}<|im_start|>"
+                  "{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+                  "<|im_start|>assistant\n{% endif %}")
+
+
+def test_tool_schemas_are_rendered_by_the_template_or_refused_with_the_count(tmp_path, chatml):
+    # #36 item 5: ShareGPT 'tools' were kept aside in meta and never reached the encoded text (300 of 300)
+    from lrlhf.data.datamodules import SFTDataModule
+    from lrlhf.data.tokenize import renders_tools, with_tools
+
+    path = _file(tmp_path, "glaive_toolcall.jsonl", [TOOLS_ROW, {**TOOLS_ROW, "tools": ""}])
+    (record, plain), _ = load_records(path, "sft", verbose=False)
+    tools = make_tokenizer(TOOLS_TEMPLATE, eos="<|im_end|>")
+    assert renders_tools(tools) and not renders_tools(chatml)
+    rendered = with_tools(tools, record.meta).apply_chat_template(record.messages, tokenize=False)
+    assert rendered.startswith('<tools>[{"name": "add"}]</tools>\n<|im_start|>user\nwhat is two plus three')
+    encoded = encode_sft(tools, record, max_length=128)  # the ids of that text, the schemas in them
+    assert encoded.input_ids.tolist() == tools(rendered, add_special_tokens=False)["input_ids"]
+    assert tools.decode(encoded.input_ids[encoded.loss_mask]).split() == ["five", "<|im_end|>"]  # targets as before
+    bare = tools.apply_chat_template(plain.messages, tokenize=False)  # a record without tools: no <tools> block
+    assert encode_sft(tools, plain, max_length=128).input_ids.tolist() == tools(bare, add_special_tokens=False)[
+        "input_ids"] and not bare.startswith("<tools>")
+    with pytest.raises(ChatTemplateError, match="does not render tool schemas"):
+        encode_sft(chatml, record, max_length=128)
+    dm = SFTDataModule(chatml, train=path, batch_size=2, max_length=128)
+    with pytest.raises(ValueError, match=r"train split: 1 of 2 records carry tool schemas \('tools'\)"):
+        dm.setup("fit")

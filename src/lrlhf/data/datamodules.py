@@ -53,6 +53,8 @@ from lrlhf.data.tokenize import (
     encode_prompt,
     encode_ranking,
     encode_sft,
+    renders_tools,
+    tools_of,
 )
 from lrlhf.utils.model_source import load_tokenizer
 
@@ -216,6 +218,11 @@ class ChatDataModule(pl.LightningDataModule):
             records, stats = self._records(split)
             if split != "train" and self.max_eval_records is not None:
                 records = records[:self.max_eval_records]
+            with_tools = sum(1 for r in records if tools_of(getattr(r, "meta", None)))
+            if with_tools and not renders_tools(self.tokenizer):  # before any encoding: the count, not one record
+                raise ValueError(f"{split} split: {with_tools} of {len(records)} records carry tool schemas ('tools') "
+                                 f"that the chat template of {self.tokenizer.name_or_path} does not render; use a "
+                                 "model whose template takes tools, or leave those records out")
             before = dict(stats.dropped), stats.truncated, stats.removed_answers
             items = [item for item in (self.encode(r, stats) for r in records) if item is not None]
             self.reports[split] = self._report(split, records, items, stats, before)

@@ -31,6 +31,7 @@ through an earlier assistant turn leaves that turn's remainder as context, not t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -130,6 +131,69 @@ def check_tool_role(tokenizer) -> None:
         raise ChatTemplateError(f"the chat template of {name} has no tool role: a tool's answer (ShareGPT "
                                 "'observation', role 'tool') would be dropped from the text; use a model whose "
                                 "template supports tools, or leave such records out")
+
+
+#: what a record's tool schemas are checked with: the template must write a tool's name into the text
+_PROBE_TOOL = {"type": "function", "function": {"name": "lrlhf_probe_tool", "description": "probe",
+                                                "parameters": {"type": "object", "properties": {}}}}
+_RENDERS_TOOLS: dict[tuple[int, str], bool] = {}
+
+
+def tools_of(meta: dict | None) -> list | None:
+    """A record's tool schemas (ShareGPT / LLaMA-Factory ``tools``: a JSON string or a list), or None."""
+    tools = (meta or {}).get("tools")
+    if tools in (None, "", []):
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"the record's 'tools' is not JSON ({err}): {tools[:80]!r}") from None
+    return [tools] if isinstance(tools, dict) else list(tools)
+
+
+def renders_tools(tokenizer) -> bool:
+    """Whether the tokenizer's chat template writes tool schemas given as ``tools`` into the text."""
+    key = (id(tokenizer), str(getattr(tokenizer, "chat_template", "")))
+    if key not in _RENDERS_TOOLS:
+        try:
+            text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=[_PROBE_TOOL],
+                                                 tokenize=False)
+        except Exception:  # a template that cannot take tools at all
+            text = ""
+        _RENDERS_TOOLS[key] = "lrlhf_probe_tool" in str(text)
+    return _RENDERS_TOOLS[key]
+
+
+class _ToolsTokenizer:
+    """The tokenizer, its chat template given one record's ``tools`` with every conversation it renders."""
+
+    def __init__(self, tokenizer, tools: list):
+        self._tokenizer, self._tools = tokenizer, tools
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._tokenizer(*args, **kwargs)
+
+    def apply_chat_template(self, conversation, **kwargs):
+        return self._tokenizer.apply_chat_template(conversation, tools=self._tools, **kwargs)
+
+
+def with_tools(tokenizer, meta: dict | None):
+    """``tokenizer`` as a record with tool schemas (``meta["tools"]``) is encoded: the schemas rendered by the chat
+    template, in the text the model trains on; a template that cannot render them is an error (#36: they were
+    kept aside and never seen)."""
+    tools = tools_of(meta)
+    if tools is None:
+        return tokenizer
+    if not renders_tools(tokenizer):
+        name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
+        raise ChatTemplateError(f"the chat template of {name} does not render tool schemas (a record's 'tools'): "
+                                "the model would never see the tools it is trained to call; use a model whose "
+                                "template takes tools, or leave such records out")
+    return _ToolsTokenizer(tokenizer, tools)
 
 
 def _render(tokenizer, messages: Conversation, add_generation_prompt: bool) -> str:
@@ -365,13 +429,13 @@ def encode_sft(tokenizer, example: SFTExample, **kw) -> Encoded | None:
         if len(weights) != len(example.messages):
             raise ValueError(f"meta loss_weights has {len(weights)} values for {len(example.messages)} messages")
         kw["targets"] = [m["role"] == "assistant" and w > 0 for m, w in zip(example.messages, weights, strict=True)]
-    out = encode_chat(tokenizer, prompt, [completion], **kw)
+    out = encode_chat(with_tools(tokenizer, example.meta), prompt, [completion], **kw)
     return None if out is None else out[0]
 
 
 def encode_pair(tokenizer, pair: PreferencePair, **kw) -> EncodedPair | None:
     """A preference pair; loss masks mark the completions' assistant turns (what DPO scores)."""
-    out = encode_chat(tokenizer, pair.prompt, [pair.chosen, pair.rejected], **kw)
+    out = encode_chat(with_tools(tokenizer, pair.meta), pair.prompt, [pair.chosen, pair.rejected], **kw)
     return None if out is None else EncodedPair(out[0], out[1], float(pair.target), pair.source, dict(pair.meta))
 
 
@@ -382,6 +446,7 @@ def encode_ranking(tokenizer, ranking: Ranking, **kw) -> EncodedRanking | None:
     (counted in ``stats.removed_answers``), and the rest of the group is kept while it still orders two answers;
     a group left with fewer than two distinct ranks is dropped as ``too_long``."""
     stats = kw.pop("stats", None)
+    tokenizer = with_tools(tokenizer, ranking.meta)
     completions, ranks = list(ranking.completions), list(ranking.ranks)
     scratch = EncodeStats()  # counted into ``stats`` once, for the group as finally encoded (or dropped)
     out = encode_chat(tokenizer, ranking.prompt, completions, stats=scratch, **kw)
@@ -402,5 +467,5 @@ def encode_ranking(tokenizer, ranking: Ranking, **kw) -> EncodedRanking | None:
 def encode_prompt(tokenizer, example: PromptExample, **kw) -> EncodedPrompt | None:
     """A PPO prompt: exact ids, generation prompt included, nothing to predict; ``max_length`` bounds it."""
     kw.setdefault("loss_on", "last")
-    out = encode_chat(tokenizer, example.prompt, (None,), **kw)
+    out = encode_chat(with_tools(tokenizer, example.meta), example.prompt, (None,), **kw)
     return None if out is None else EncodedPrompt(out[0], example.prompt, dict(example.meta))
