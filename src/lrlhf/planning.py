@@ -197,8 +197,16 @@ def stage_entry(cfg: DictConfig, recipe: str, overrides: list[str], compose: Cal
     trained the RM twice): the entry a later recipe needing ``recipe`` would build, when this run's config is
     exactly what that recipe composes from the shared overrides and the entry is free; None when the run has an
     override of its own (it is another stage) or the entry holds a stage already."""
-    needed = compose(recipe, _shared_overrides(overrides))
-    plan(needed, overrides, compose, recover=False)
+    shared = _shared_overrides(overrides)
+    own = [o for o in overrides if o not in shared
+           and o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] not in (*UNHASHED_KEYS, "hydra", "recipe", "cache")]
+    if own:  # e.g. reward=ensemble, module.config.lr=...: what a needing recipe composes differs
+        return None
+    try:
+        needed = compose(recipe, shared)
+        plan(needed, overrides, compose, recover=False)
+    except Exception:
+        return None
     entry = cache_folder(needed, recipe)
     if entry != cache_folder(cfg, recipe) or _stage_done(entry) or entry.exists():
         return None

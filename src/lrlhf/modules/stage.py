@@ -43,13 +43,18 @@ class StageOutputs:
     def stage_summary(self, trainer, out_dir: Path) -> dict[str, Any]:
         """The figures of training (every rank calls it, before the export). A ``val/`` figure no validation
         produced (a run shorter than ``trainer.val_check_interval``) comes from one validation of the final model,
-        and ``validated_at_end`` says so."""
+        and ``validated_at_end`` says so (one process; a launch of several says why it is null, ``validation``)."""
         summary = {key: logged(trainer, key) for key in self.summary_metrics}
         missing = [key for key, value in summary.items() if key.startswith("val/") and value is None]
-        if missing and trainer.datamodule is not None and is_overridden("validation_step", self):
-            trainer.validate(self, datamodule=trainer.datamodule, verbose=False)  # collective: every rank is here
-            summary.update({key: logged(trainer, key) for key in missing})
-            summary["validated_at_end"] = True
+        if not missing or trainer.datamodule is None or not is_overridden("validation_step", self):
+            return summary
+        if trainer.world_size > 1:  # a sharded module is not validated outside fit here: say why it is null
+            summary["validation"] = (f"none ran: the run ({trainer.global_step} steps) was shorter than "
+                                     f"trainer.val_check_interval ({trainer.val_check_interval})")
+            return summary
+        trainer.validate(self, datamodule=trainer.datamodule, verbose=False)
+        summary.update({key: logged(trainer, key) for key in missing})
+        summary["validated_at_end"] = True
         return summary
 
     def finish(self, datamodule, out_dir: Path, trained) -> dict[str, Any]:
