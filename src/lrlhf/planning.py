@@ -92,10 +92,13 @@ def _is_toy_verifier(reward) -> bool:
         return False
 
 
-def _shared_overrides(overrides: list[str]) -> list[str]:
-    def key(override: str) -> str:
-        return override.lstrip("+~").split("=", 1)[0]
+def _override_key(override: str) -> str:
+    """``+a.b=c`` -> ``a.b``."""
+    return override.lstrip("+~").split("=", 1)[0]
 
+
+def _shared_overrides(overrides: list[str]) -> list[str]:
+    key = _override_key
     return [o for o in overrides if key(o).split(".", 1)[0] in SHARED_KEYS or key(o) in LAUNCH_KEYS
             or key(o).startswith(("strategy.", "trainer.strategy."))]
 
@@ -162,7 +165,7 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path 
         if recover:
             recover_folder(out_dir)  # a stage whose swap into the cache was interrupted
             if out_dir.is_symlink() and not _stage_done(out_dir):
-                out_dir.unlink()  # a run folder registered here (register_stage), since removed or overwritten
+                out_dir.unlink()  # a run folder linked here (link_stage), since removed or reused
         if not _stage_done(out_dir) and all(t[2] != out_dir for t in todo):
             todo.append((recipe, dep, out_dir))
     check_world(cfg)
@@ -182,7 +185,7 @@ def cache_folder(cfg: DictConfig, recipe: str) -> Path:
 def _stage_done(out_dir: Path) -> bool:
     """``out_dir`` holds a finished stage, or will once :func:`recover_folder` runs (read-only; the old copy is
     looked at first: a concurrent repair moves it to ``out_dir`` or removes it only when ``out_dir`` is complete).
-    A link to a run folder (:func:`register_stage`) counts while that folder's summary still names this entry."""
+    A link to a run folder (:func:`link_stage`) counts while that folder's summary still names this entry."""
     if out_dir.is_symlink():
         try:
             return json.loads((out_dir / "summary.json").read_text()).get("cache_entry") == out_dir.name
@@ -199,7 +202,7 @@ def stage_entry(cfg: DictConfig, recipe: str, overrides: list[str], compose: Cal
     override of its own (it is another stage) or the entry holds a stage already."""
     shared = _shared_overrides(overrides)
     own = [o for o in overrides if o not in shared
-           and o.lstrip("+~").split("=", 1)[0].split(".", 1)[0] not in (*UNHASHED_KEYS, "hydra", "recipe", "cache")]
+           and _override_key(o).split(".", 1)[0] not in (*UNHASHED_KEYS, "hydra", "recipe", "cache")]
     if own:  # e.g. reward=ensemble, module.config.lr=...: what a needing recipe composes differs
         return None
     try:

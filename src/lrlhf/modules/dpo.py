@@ -209,15 +209,16 @@ class DPOModule(StageOutputs, pl.LightningModule):
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         # stop before the optimiser step on a NaN / inf loss (no poisoned weights are kept or exported)
-        return check_finite(self.shared_step(batch, "train"), "training loss", "dpo", self.global_step, self.config.lr)
+        return check_finite(self.shared_step(batch, "train"), "training loss", self.policy_name, self.global_step,
+                            self.config.lr)
 
     def on_train_end(self) -> None:
         # the last optimiser step's loss was finite, its update may not have been: checked before any export
-        check_finite_weights(self, "dpo", self.global_step, self.config.lr)
+        check_finite_weights(self, self.policy_name, self.global_step, self.config.lr)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        check_finite(self.shared_step(batch, "val"), "validation loss", "dpo", self.global_step, self.config.lr,
-                     stopped="at validation", across_ranks=False)  # rank 0 may validate alone
+        check_finite(self.shared_step(batch, "val"), "validation loss", self.policy_name, self.global_step,
+                     self.config.lr, stopped="at validation", across_ranks=False)  # rank 0 may validate alone
 
     # ----------------------------------------------------------------------------------- optimiser
     def configure_optimizers(self):

@@ -43,7 +43,7 @@ class KTOConfig(DPOConfig):
 
 class KTOModule(DPOModule):
     """KTO on :class:`lrlhf.data.kto.KTODataModule` batches (module docstring); a DPO module in every other way
-    (the adapter, the reference, the export).
+    (the adapter, the reference, the finite-loss checks, the export).
 
     Args: as :class:`DPOModule`, with a :class:`KTOConfig`.
     """
@@ -86,17 +86,6 @@ class KTOModule(DPOModule):
             self.log(f"{prefix}/{name}", value, batch_size=desirable.numel(), on_step=on_step, on_epoch=not on_step,
                      prog_bar=name == "loss")
         return loss
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
-        from lrlhf.modules.optim import check_finite
-
-        return check_finite(self.shared_step(batch, "train"), "training loss", "kto", self.global_step, self.config.lr)
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
-        from lrlhf.modules.optim import check_finite
-
-        check_finite(self.shared_step(batch, "val"), "validation loss", "kto", self.global_step, self.config.lr,
-                     stopped="at validation", across_ranks=False)
 
 
 __all__ = ["KTOConfig", "KTOModule"]
