@@ -1,6 +1,6 @@
-"""Thin shim: ``python train.py recipe=ppo_lora [overrides...]`` -> :func:`lrlhf.cli.main`."""
+"""Thin shim: ``python train.py recipe=ppo_lora [overrides...]`` -> :func:`lrlhf.run.cli.main`."""
 
-from lrlhf.cli import main
+from lrlhf.run.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -66,7 +66,7 @@ def our_parts(model_dir: Path, pairs, args):
     from torch.utils.data import DataLoader
 
     from lrlhf.data.collate import collate_pairs
-    from lrlhf.data.sharing import AUTO_MIN_SHARE, collate_shared_pairs, prefix_share
+    from lrlhf.data.shared_batches import AUTO_MIN_SHARE, collate_shared_pairs, prefix_share
     from lrlhf.data.tokenize import Encoded, EncodedPair
     from lrlhf.models import LoraSpec, ModelConfig
     from lrlhf.modules import DPOConfig, DPOModule

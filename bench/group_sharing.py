@@ -91,9 +91,9 @@ def main() -> None:
                 rollout = module.make_rollout(batch)
                 times[sharing, "score"].append(time.perf_counter() - t)
                 t = time.perf_counter()
-                groups = module.sharing_groups(rollout.query_ids.shape[1], rollout.response_ids.shape[1])
+                groups = module.sharing.groups(module.model, rollout.query_ids.shape[1], rollout.response_ids.shape[1])
                 for _ in range(module.config.ppo_epochs):
-                    order = module.minibatch_order(len(rollout), groups, "cpu")
+                    order = module.sharing.minibatch_order(len(rollout), groups, "cpu")
                     for start in range(0, len(rollout), module.config.minibatch_size):
                         mb = rollout.select(order[start:start + module.config.minibatch_size])
                         logprobs, _ = module.policy_forward(mb.query_ids, mb.query_mask, mb.response_ids)

@@ -41,7 +41,7 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from lrlhf.data.formats import load_records
-    from lrlhf.eval.rounds import held_out_prompts, held_out_samples, pair_accuracy, rm_scorer
+    from lrlhf.eval.round_figures import HeldOut, held_out_prompts, held_out_samples, pair_accuracy, rm_scorer
     from lrlhf.functional.stats import bootstrap_interval
 
     print(f"threads {args.threads}; {N_SAMPLES} samples per held-out prompt, sampling seed {args.seed}")
@@ -61,9 +61,11 @@ def main() -> None:
               f"{sum(diff) / len(diff):+.3f} (95% paired bootstrap [{lo:+.3f}, {hi:+.3f}]); labels "
               f"{summary['labels_total']}, PPO steps {summary['ppo_steps_total']}")
         last_rm = iterative_run / f"round_{len(summary['rounds'])}" / "rm" / "model"
-        records = held_out_prompts(cfg)
+        held_out = HeldOut(str(cfg.eval.prompts), cfg.eval.judge, int(cfg.eval.max_new_tokens),
+                           cfg.eval.get("max_prompts"), cfg.eval.get("max_prompt_length") or 1024)
+        records = held_out_prompts(held_out)
         for name, policy, rm in (("single", single, cfg.module.reward_model), ("iterative", iterative, last_rm)):
-            s = held_out_samples(policy, cfg, seed=args.seed + 7919)
+            s = held_out_samples(policy, held_out, seed=args.seed + 7919)
             score = rm_scorer(rm)
             acc = pair_accuracy(score(records, s["a"]), score(records, s["b"]), s["u_a"], s["u_b"])
             lo, hi = acc["interval"]

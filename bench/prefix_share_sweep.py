@@ -6,7 +6,7 @@ For each prompt fraction ``f`` of ``--length`` tokens, ``--pairs`` pairs share a
 and have completions of ``(1 - f) * length`` tokens (+-25%, so a batch is padded as a real one is); the same
 batch is scored by ``RewardModule.score`` and back-propagated through ``compute_loss`` in both layouts
 (``collate_pairs`` / ``collate_shared_pairs``), alternating, on bench/rm_vs_trl.py's reference Llama (random
-init, fp32, sdpa). Prints the measured prefix share (:func:`lrlhf.data.sharing.prefix_share`) and the median
+init, fp32, sdpa). Prints the measured prefix share (:func:`lrlhf.data.shared_batches.prefix_share`) and the median
 times; ``data.prefix_sharing=auto``'s threshold (``AUTO_MIN_SHARE``) comes from this table (bench/RESULTS.md).
 """
 
@@ -53,7 +53,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from lrlhf.data.collate import collate_pairs
-    from lrlhf.data.sharing import AUTO_MIN_SHARE, collate_shared_pairs, prefix_share
+    from lrlhf.data.shared_batches import AUTO_MIN_SHARE, collate_shared_pairs, prefix_share
     from lrlhf.models import ModelConfig
     from lrlhf.modules import RewardConfig, RewardModule
 

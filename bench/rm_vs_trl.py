@@ -188,7 +188,7 @@ def hh_pairs(n: int, max_length: int, vocab: int, seed: int) -> tuple[list[tuple
     import importlib.util
 
     from lrlhf.data.datamodules import PreferenceDataModule
-    from lrlhf.data.sharing import prefix_share
+    from lrlhf.data.shared_batches import prefix_share
     from lrlhf.models import ModelConfig
 
     if not HH_FILE.is_file():
@@ -231,7 +231,7 @@ def our_trainer_parts(model_dir: Path, pairs, args):
     from torch.utils.data import DataLoader
 
     from lrlhf.data.collate import collate_pairs
-    from lrlhf.data.sharing import AUTO_MIN_SHARE, collate_shared_pairs, prefix_share
+    from lrlhf.data.shared_batches import AUTO_MIN_SHARE, collate_shared_pairs, prefix_share
     from lrlhf.data.tokenize import Encoded, EncodedPair
     from lrlhf.models import LoraSpec, ModelConfig
     from lrlhf.modules import RewardConfig, RewardModule

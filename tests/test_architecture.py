@@ -1,11 +1,14 @@
 """The layers of src/lrlhf import only what they may (read from the source with ``ast``, nothing is imported).
 
 Every ``import lrlhf.x`` / ``from lrlhf.x import ...`` / ``from lrlhf import x`` counts, at module level or inside a
-function. A package is the first name under ``lrlhf`` (``modules``, ``eval``...; ``cli``, ``planning``,
-``strategies`` for the top-level files); ``from lrlhf import __version__`` is the root and always allowed.
+function. A package is the first name under ``lrlhf`` (``modules``, ``eval``, ``run``...; ``strategies`` for the
+top-level file); ``from lrlhf import __version__`` is the root and always allowed. Besides the floors: only ``run``
+reads the composed Hydra config (imports ``hydra`` / ``omegaconf``), no two files import each other through a circle
+but the one docs/architecture.md names, and no file name repeats for different things but those it names.
 """
 
 import ast
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "lrlhf"
@@ -16,15 +19,21 @@ ONLY = {
     "utils": {"utils", "functional"},
     "data": {"data", "utils", "functional"},
 }
-# package -> the packages it must not import
+# package -> the packages it must not import (run, the orchestration floor, may import every package)
 NEVER = {
-    "models": {"modules", "callbacks", "eval", "cli", "planning"},
-    "modules": {"callbacks", "eval", "cli", "planning"},
-    "eval": {"modules", "callbacks", "cli", "planning"},  # measures models; never a LightningModule or a callback
-    "callbacks": {"cli", "planning"},  # may use eval (held-out path, judges, plots)
-    "strategies": {"modules", "callbacks", "eval", "cli", "planning"},  # below modules: they use its FSDP pieces
-    "planning": {"cli"},  # plans and checks before work; the CLI runs what it planned
+    "models": {"modules", "callbacks", "eval", "run"},
+    "modules": {"callbacks", "eval", "run"},
+    "eval": {"modules", "callbacks", "run"},  # measures models; never a LightningModule or a callback
+    "callbacks": {"run"},  # may use eval (held-out path, judges, plots)
+    "strategies": {"modules", "callbacks", "eval", "run"},  # below modules: they use its FSDP pieces
 }
+#: Third-party packages only these packages of lrlhf import (the composed config is the entry point's alone).
+CONFIG_PACKAGES = ("hydra", "omegaconf")
+CONFIG_READERS = {"run"}
+#: File-level import circles that are true to the domain (named in docs/architecture.md).
+DOMAIN_CIRCLES = [{"lrlhf.models.ensemble", "lrlhf.models.reward"}]  # an ensemble is a reward model made of RMs
+#: File names used on several floors for one concept (named in docs/architecture.md, "One name per thing").
+SHARED_NAMES = {"advantages.py", "annotators.py", "kto.py", "rewards.py", "utility.py"}
 # (file relative to src/lrlhf, imported package): known violations to remove, each with why it is still here
 ALLOWED_FOR_NOW: dict[tuple[str, str], str] = {}
 
@@ -94,9 +103,121 @@ def test_the_allow_list_holds_only_violations_that_still_exist():
 
 def test_the_checker_sees_function_level_relative_and_root_imports():
     code = ("import lrlhf.modules.ppo\n"
-            "from lrlhf import cli, __version__\n"
+            "from lrlhf import run, __version__\n"
             "from .judges import resolve_judge\n"
             "def f():\n    from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping\n")
-    assert sorted(t for _, t in _imports(code, ("eval", "probe"))) == ["callbacks", "cli", "eval", "modules"]
+    assert sorted(t for _, t in _imports(code, ("eval", "probe"))) == ["callbacks", "eval", "modules", "run"]
     assert [t for _, t in _imports("from ..modules import reward\n", ("eval", "probe"))] == ["modules"]
     assert [t for _, t in _imports("from .. import callbacks\n", ("eval", "probe"))] == ["callbacks"]
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _runtime_imports(tree: ast.AST):
+    """The import nodes of ``tree`` outside ``if TYPE_CHECKING:`` blocks (those never run)."""
+    skip = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip |= {id(n) for child in node.body for n in ast.walk(child)}
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom) and id(n) not in skip]
+
+
+def import_graph() -> dict[str, set[str]]:
+    """File-level edges: ``lrlhf.a.b`` -> every lrlhf module it imports (a package's ``__init__`` only when the
+    package itself is imported: ``from lrlhf.a import b`` is an edge to ``lrlhf.a.b`` when that is a module)."""
+    modules = {_module_name(p): p for p in SRC.rglob("*.py")}
+
+    def resolve(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rsplit(".", 1)[0] if "." in name else ""
+        return name or None
+
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        for node in _runtime_imports(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    base = ".".join(package[: len(package) - node.level + 1] + ([node.module] if node.module else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in targets:
+                found = resolve(target) if target.startswith("lrlhf.") else None
+                if found and found not in (name, "lrlhf"):
+                    edges.add(found)
+        graph[name] = edges
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one file (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_between_files_but_the_domains():
+    found = [c for c in circles(import_graph()) if c not in DOMAIN_CIRCLES]
+    assert not found, f"import circles between files: {[sorted(c) for c in found]}"
+    doc = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    for circle in DOMAIN_CIRCLES:
+        assert all(f"`{m.split('.', 1)[1].replace('.', '/')}.py`" in doc for m in circle), circle
+
+
+def test_the_circle_finder_sees_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_only_run_reads_the_composed_config():
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        if _package(path) in CONFIG_READERS:
+            continue
+        for node in _runtime_imports(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if not getattr(node, "level", 0) and any(n.split(".")[0] in CONFIG_PACKAGES for n in names):
+                found.append(f"src/lrlhf/{path.relative_to(SRC)}:{node.lineno}")
+    assert not found, f"hydra / omegaconf imported outside lrlhf.run: {found}"
+
+
+def test_one_name_per_thing():
+    names: dict[str, list[str]] = {}
+    for path in SRC.rglob("*.py"):
+        if path.name != "__init__.py":
+            names.setdefault(path.name, []).append(str(path.relative_to(SRC)))
+    repeated = {n: sorted(p) for n, p in names.items() if len(p) > 1 and n not in SHARED_NAMES}
+    assert not repeated, f"one file name for several things (rename, or name it in docs/architecture.md): {repeated}"
+    doc = (SRC.parents[1] / "docs" / "architecture.md").read_text()
+    section = doc[doc.index("## One name per thing"):]
+    assert all(re.search(rf"`{re.escape(n)}`", section) for n in SHARED_NAMES), "name each shared file name in the doc"

@@ -13,14 +13,13 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
-from lrlhf import cli, planning
+from lrlhf.run import cli, planning
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
 # a small world and short stages: every recipe runs in seconds
 TINY = [
-    "world.sizes.sft_train=64", "world.sizes.sft_val=8", "world.sizes.pref_train=24", "world.sizes.pref_val=6",
-    "world.sizes.pref_test=6", "world.sizes.rl=32", "world.sizes.eval=6", "trainer.max_steps=3",
+    "world=toy_tiny", "trainer.max_steps=3",
     'stage_overrides.sft=["trainer.max_steps=3"]', 'stage_overrides.rm=["trainer.max_steps=3"]',
     "eval.n_samples=1", "data.batch_size=8",
 ]
@@ -58,7 +57,7 @@ def _train(tmp_path, *args, env=None, check=True):
 
 # recipe=eval trains nothing itself: its needed stages are made tiny instead (4 steps: 2 rollouts for PPO)
 EVAL_TINY = [
-    *[o for o in TINY if o.startswith(("world.", "stage_overrides."))],
+    *[o for o in TINY if o.startswith(("world", "stage_overrides."))],
     *[f'stage_overrides.{need}=["trainer.max_steps=4","data.batch_size={batch}","eval=null",'
       '"callbacks.early_stopping.every_n_rollouts=1"]' for need, batch in (("ppo", 8), ("rloo", 2), ("grpo", 2))],
     'stage_overrides.dpo=["trainer.max_steps=3","data.batch_size=8","eval=null"]',

@@ -15,12 +15,11 @@ import pytest
 import torch
 from hydra.types import RunMode
 
-from lrlhf import planning
+from lrlhf.run import planning
 from lrlhf.utils import distributed
 
 ROOT = Path(__file__).resolve().parents[1]
-WORLD = ["world.sizes.sft_train=64", "world.sizes.sft_val=8", "world.sizes.pref_train=24", "world.sizes.pref_val=6",
-         "world.sizes.pref_test=6", "world.sizes.rl=32", "world.sizes.eval=6"]
+WORLD = ["world=toy_tiny"]
 TIMEOUT = 240  # s per launch (each takes ~15-20 s here): a hang fails instead of blocking
 
 

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["world.sizes.sft_train=64", "world.sizes.sft_val=8", "world.sizes.pref_train=24", "world.sizes.pref_val=6",
-         "world.sizes.pref_test=6", "world.sizes.rl=32", "world.sizes.eval=6"]
+SMALL = ["world=toy_tiny"]
 
 
 def _train(tmp_path, *args, check=True):

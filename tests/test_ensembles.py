@@ -11,9 +11,9 @@ import yaml
 from omegaconf import open_dict
 from test_cli import ROOT, _compose, _dep_composer, _tiny, _train
 
-from lrlhf import planning
 from lrlhf.models import load_reward_model
 from lrlhf.models.ensemble import ENSEMBLE_FILE, member_folders
+from lrlhf.run import planning
 
 
 @pytest.mark.slow
@@ -66,15 +66,16 @@ def test_bad_ensemble_settings_fail_before_any_stage_is_built(override, message,
 
 
 def test_a_stopped_ensemble_resumes_keeping_its_trained_members(tmp_path, monkeypatch):
-    """The member loop alone (``run_stage`` faked): a stop inside member 1 names the ensemble's folder; the resume
+    """The member loop alone (``fit_stage`` faked): a stop inside member 1 names the ensemble's folder; the resume
     keeps member 0 (same config), continues member 1 from its checkpoint, and retrains a member whose config
     changed."""
     from omegaconf import OmegaConf
 
-    from lrlhf import ensembles
+    from lrlhf.run import rm_ensemble as ensembles
 
     monkeypatch.setattr(ensembles, "write_ensemble", lambda *a, **k: None)
     monkeypatch.setattr(ensembles, "ensemble_figures", lambda *a, **k: {})
+    monkeypatch.setattr(ensembles, "begin_stage", lambda *a, **k: "")
     cfg = _compose(["recipe=rm_ensemble", f"paths.cache_dir={tmp_path}", "paths.run_dir=.", "ensemble.members=3"])
     with open_dict(cfg):
         cfg.world.dir, cfg.deps = str(tmp_path / "world"), {"sft": str(tmp_path / "sft")}
@@ -95,19 +96,21 @@ def test_a_stopped_ensemble_resumes_keeping_its_trained_members(tmp_path, monkey
             raise Stopped(0)
         (folder / "summary.json").write_text("{}")
 
+    monkeypatch.setattr(ensembles, "fit_stage", lambda s, f, fi: fake_stage(s, f, fi, stop_at="member_1"))
     with pytest.raises(Stopped) as stop:
-        ensembles.run_ensemble(cfg, out, out, lambda s, f, fi: fake_stage(s, f, fi, stop_at="member_1"))
+        ensembles.run_ensemble(cfg, out, out)
     assert stop.value.run_dir == str(out) and stop.value.resume_key == "last"  # resume the ensemble, not a member
     assert calls == [("member_0", None, 0), ("member_1", None, 1)]
     calls.clear()
     with open_dict(cfg):
         cfg.ckpt_path = "last"
-    ensembles.run_ensemble(cfg, out, out, fake_stage)
+    monkeypatch.setattr(ensembles, "fit_stage", fake_stage)
+    ensembles.run_ensemble(cfg, out, out)
     assert calls == [("member_1", "last", 1), ("member_2", None, 2)]  # member 0 kept, member 1 continued
     calls.clear()
     with open_dict(cfg):
         cfg.trainer.max_steps = 7  # another config: every member trains again
-    ensembles.run_ensemble(cfg, out, out, fake_stage)
+    ensembles.run_ensemble(cfg, out, out)
     assert [c[0] for c in calls] == ["member_0", "member_1", "member_2"] and all(c[1] is None for c in calls)
 
 
@@ -130,7 +133,7 @@ def test_every_combination_rule_composes_and_builds(option):
 
 
 def test_members_on_a_fraction_of_the_prompts_get_their_own_pairs(tmp_path):
-    from lrlhf.ensembles import write_subset
+    from lrlhf.run.rm_ensemble import write_subset
 
     rows = [{"prompt": [{"role": "user", "content": f"q{i % 10}"}], "chosen": "a", "rejected": f"b{i}"}
             for i in range(40)]  # 10 prompts, 4 pairs each

@@ -122,7 +122,7 @@ def test_dropping_a_needed_stage_names_the_key_that_still_reads_it(tmp_path):
 def test_the_toy_verifier_is_recognised_by_the_function_it_names_not_by_its_name():
     from omegaconf import OmegaConf
 
-    from lrlhf.planning import _is_toy_verifier
+    from lrlhf.run.planning import _is_toy_verifier
 
     def node(path):
         return OmegaConf.create({"_target_": "lrlhf.modules.rewards.FunctionReward",
@@ -141,7 +141,7 @@ def test_a_callbacks_pairs_file_is_read_at_plan_time_as_the_table_reads_it(tmp_p
     table reads rankings), a file of another kind is named by its key before any work."""
     from omegaconf import OmegaConf
 
-    from lrlhf.planning import check_data
+    from lrlhf.run.planning import check_data
 
     rankings = tmp_path / "rankings.jsonl"
     rankings.write_text(json.dumps({"prompt": "q", "completions": ["a", "b"], "ranks": [2, 1]}) + "\n")
@@ -164,7 +164,7 @@ def test_a_required_key_left_unset_is_one_line_before_any_work(tmp_path):
 
 def test_a_stage_trained_as_the_main_recipe_is_reused_by_a_recipe_that_needs_it(tmp_path):
     """#36 item 3: ``recipe=sft`` then ``recipe=rm`` with the same settings trained SFT twice."""
-    shared = [o for o in _tiny("rm") if o.startswith("world.")] + [
+    shared = [o for o in _tiny("rm") if o.startswith("world")] + [
         "hparams.sft.max_steps=3", "hparams.rm.max_steps=3", "logger=none"]
     out = _train(tmp_path, "recipe=sft", f"hydra.run.dir={tmp_path / 'sft'}", *shared)
     entry = tmp_path / "cache" / "stages" / json.loads((tmp_path / "sft" / "summary.json").read_text())["cache_entry"]

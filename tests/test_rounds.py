@@ -1,4 +1,4 @@
-"""Iterative RLHF through train.py (recipe=iterative_ppo, lrlhf.rounds): two tiny rounds (labelled by a pairwise
+"""Iterative RLHF through train.py (recipe=iterative_ppo, lrlhf.run.rounds): two tiny rounds (labelled by a pairwise
 callable); the file-exchange annotator's round trip; a run stopped while waiting for labels and again by SIGTERM
 inside a round's PPO stage, then resumed, ends with the same policy as an uninterrupted run, bitwise; no label is
 on a held-out prompt."""
@@ -15,8 +15,7 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = ["world.sizes.sft_train=64", "world.sizes.sft_val=8", "world.sizes.pref_train=40", "world.sizes.pref_val=6",
-         "world.sizes.pref_test=6", "world.sizes.rl=32", "world.sizes.eval=6"]
+SMALL = ["world=toy_tiny", "world.sizes.pref_train=40"]
 TINY = ["recipe=iterative_ppo", "logger=csv", *SMALL, "rounds.settings.n=2", "rounds.settings.initial_labels=40",
         "rounds.settings.labels_per_round=20", "rounds.settings.ppo_steps=8", "rounds.settings.rm_steps=10",
         'stage_overrides.sft=["trainer.max_steps=10"]', "data.batch_size=8", "module.config.minibatch_size=8",

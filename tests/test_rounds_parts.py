@@ -1,4 +1,4 @@
-"""The pure parts of iterative RLHF's loop (lrlhf.rounds, lrlhf.eval.rounds), without training: the settings'
+"""The pure parts of iterative RLHF's loop (lrlhf.run.rounds, lrlhf.eval.round_figures), without training: the settings'
 checks, the prompt pool, the on-policy pairs and their budget, replay, pairwise accuracy and the start checks."""
 
 import json
@@ -7,9 +7,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from lrlhf.data.toy import WorldSizes, build_world
-from lrlhf.eval.rounds import pair_accuracy
+from lrlhf.eval.round_figures import pair_accuracy
 from lrlhf.models.generation import SamplingConfig
-from lrlhf.rounds import Rounds, check_start, on_policy_pairs, prompt_pool, replayed
+from lrlhf.run.rounds import Rounds, check_start, on_policy_pairs, prompt_pool, replayed
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def world(tmp_path_factory):
 
 def _cfg(world, **settings):
     return OmegaConf.create({
-        "rounds": {"settings": {"_target_": "lrlhf.rounds.Rounds", **settings}}, "trainer": {"devices": 1},
+        "rounds": {"settings": {"_target_": "lrlhf.run.rounds.Rounds", **settings}}, "trainer": {"devices": 1},
         "hparams": {"rm": {"lora": None}}, "world": {"dir": str(world.root)},
         "eval": {"prompts": str(world.eval_prompts)}, "ckpt_path": None})
 

@@ -13,7 +13,7 @@ import torch
 from lrlhf.callbacks import ResumableCheckpoint
 from lrlhf.functional import AdaptiveKLController, FixedKLController
 from lrlhf.modules import PPOModule
-from lrlhf.modules.reward import RewardCalibration
+from lrlhf.modules.rm import RewardCalibration
 
 from .conftest import make_data, make_module, make_trainer
 

@@ -69,9 +69,8 @@ def test_steps_elsewhere_and_console_callbacks_respect_the_config():
     trainer.estimated_stepping_batches = float("inf")
     assert bar.progress(trainer, SimpleNamespace()) == ("step", 5, None)
 
-    cfg = SimpleNamespace(get=lambda key: "sft", trainer={"enable_progress_bar": True})
-    added = console_callbacks(cfg, [])
+    added = console_callbacks("sft", [])
     assert [type(c) for c in added] == [RunProgressBar, StopOnSignal] and added[0].stage == "sft"
-    assert console_callbacks(cfg, added) == []  # a bar and a stop are there already
-    cfg.trainer = {"enable_progress_bar": False}  # Lightning refuses a bar callback then
-    assert [type(c) for c in console_callbacks(cfg, [])] == [StopOnSignal]
+    assert console_callbacks("sft", added) == []  # a bar and a stop are there already
+    # trainer.enable_progress_bar=false: Lightning refuses a bar callback then
+    assert [type(c) for c in console_callbacks("sft", [], progress_bar=False)] == [StopOnSignal]

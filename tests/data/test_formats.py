@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from lrlhf.data.errors import DataFormatError, EmptyDatasetError
+from lrlhf.data.format_errors import DataFormatError, EmptyDatasetError
 from lrlhf.data.formats import FORMATS, load_records
 from lrlhf.data.records import PreferencePair, PromptExample, Ranking, SFTExample
 
@@ -262,7 +262,7 @@ def test_a_ranking_file_in_which_every_candidate_ties_is_an_error(tmp_path):
 def test_a_ranking_with_some_ties_gives_its_strict_pairs_and_its_ties_as_ties(tmp_path):
     import torch
 
-    from lrlhf.modules.reward import ranking_pairs
+    from lrlhf.modules.rm import ranking_pairs
 
     rows = [{"prompt": "q", "completions": ["a", "b", "c"], "ranks": [1, 1, 2]}]
     records, _ = load(tmp_path, rows, "ranking")

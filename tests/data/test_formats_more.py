@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from lrlhf.data.errors import DataFormatError
+from lrlhf.data.format_errors import DataFormatError
 from lrlhf.data.formats import load_records
 from lrlhf.data.records import PreferencePair, PromptExample, Ranking, UnpairedExample
 from lrlhf.data.tokenize import ChatTemplateError, encode_ranking, encode_sft

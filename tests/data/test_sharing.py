@@ -4,7 +4,7 @@ import pytest
 
 from lrlhf.data.datamodules import PreferenceDataModule
 from lrlhf.data.records import PreferencePair, Ranking
-from lrlhf.data.sharing import AUTO_MIN_SHARE
+from lrlhf.data.shared_batches import AUTO_MIN_SHARE
 
 
 def msg(role, content):

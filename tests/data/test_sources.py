@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from lrlhf.data.errors import DataFormatError
+from lrlhf.data.format_errors import DataFormatError
 from lrlhf.data.formats import load_records
 
 ROWS = [{"prompt": "one", "completion": "1"}, {"prompt": "two", "completion": "2"}]

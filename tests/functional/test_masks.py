@@ -110,7 +110,7 @@ def test_masked_whiten_global_statistics_equal_concatenated_batch():
     assert not torch.allclose(masked_whiten(x[:3], mask[:3]), whole[:3], atol=1e-3)
 
 
-# --- response masks: every case of seed 000 section 8.5 that lives at this level --------------------------
+# --- response masks: every masking case a correct PPO needs at this level --------------------------
 EOS, PAD = 2, 0
 
 

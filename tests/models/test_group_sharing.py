@@ -1,5 +1,5 @@
 """Prefix sharing for the group estimators' rollouts (issue #18): k samples of one left-padded prompt encoded as one
-row (lrlhf.functional.sharing.group_layout) give the response logits, log-probs and every parameter's gradient of
+row (lrlhf.functional.prefix_sharing.group_layout) give the response logits, log-probs and every parameter's gradient of
 the k unshared rows, on llama, qwen2, gpt2 and gpt_neox with eager and sdpa attention. Compared in fp64 under sdpa;
 eager runs in fp32, since transformers' eager attention gives NaN for a left-padded row in fp64 (its mask's
 finfo.min added to a score overflows to -inf, a padding query's softmax row is all -inf, and its NaN reaches the real
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from lrlhf.functional import token_logprobs
-from lrlhf.functional.sharing import PADDING, PREFIX, group_layout, group_response_logits
-from lrlhf.models.sharing import shared_inputs
+from lrlhf.functional.prefix_sharing import PADDING, PREFIX, group_layout, group_response_logits
+from lrlhf.models.shared_inputs import shared_inputs
 from lrlhf.modules.rollout import sequence_inputs
 
 K, R = 3, 5

@@ -13,12 +13,12 @@ from transformers import PreTrainedTokenizerFast
 
 from lrlhf.data.collate import collate_pairs, collate_rankings
 from lrlhf.data.records import PreferencePair, Ranking
-from lrlhf.data.sharing import collate_shared_pairs, collate_shared_rankings, prefix_share, unshare_batch
+from lrlhf.data.shared_batches import collate_shared_pairs, collate_shared_rankings, prefix_share, unshare_batch
 from lrlhf.data.tokenize import Encoded, encode_pair, encode_ranking
 from lrlhf.functional import masked_sum, token_logprobs
-from lrlhf.functional.sharing import common_prefix_length, shared_attention_mask, shared_logprob_sums
+from lrlhf.functional.prefix_sharing import common_prefix_length, shared_attention_mask, shared_logprob_sums
 from lrlhf.models import LoraSpec, ScalarModel
-from lrlhf.models.sharing import can_share, shared_inputs, sharing_blocker
+from lrlhf.models.shared_inputs import can_share, shared_inputs, sharing_blocker
 from lrlhf.modules import DPOConfig, DPOModule, RewardConfig, RewardModule
 
 WORDS = "hi hello how are you fine thanks what is two plus three five four ok sure a b c d e f g h no yes".split()
@@ -145,7 +145,7 @@ def test_shared_logprob_sums_equal_the_dense_masked_sum():
     torch.manual_seed(0)
     seqs = [torch.tensor([3, 4, 5, 6]), torch.tensor([3, 4, 7]), torch.tensor([3, 4, 5, 6, 8])]
     groups = [[Encoded(s, torch.ones_like(s), torch.arange(len(s)) >= 2, 2) for s in seqs]]
-    from lrlhf.data.sharing import collate_shared
+    from lrlhf.data.shared_batches import collate_shared
 
     shared = collate_shared(groups, 0, [(0, 0), (0, 1), (0, 2)])
     table = torch.randn(10, 10, dtype=torch.float64)  # a bigram "model": logits depend on the current token

@@ -47,7 +47,7 @@ def _batch(world):
 def test_the_artefact_reloads_and_scores_as_its_calibrated_members(world, members, tmp_path):
     folder = write_ensemble(tmp_path / "ens", members, MeanMinusStd(0.5))
     spec = json.loads((folder / ENSEMBLE_FILE).read_text())
-    assert spec["combine"] == {"_target_": "lrlhf.functional.ensemble.MeanMinusStd", "coef": 0.5}
+    assert spec["combine"] == {"_target_": "lrlhf.functional.ensemble_rules.MeanMinusStd", "coef": 0.5}
     assert all(not m.startswith("/") for m in spec["members"])  # relative: the stage folder moves whole
     assert load_calibration(folder) == RewardCalibration(0.0, 1.0, 0, load_calibration(folder).reference)
 
@@ -63,7 +63,9 @@ def test_the_artefact_reloads_and_scores_as_its_calibrated_members(world, member
     with torch.no_grad():
         torch.testing.assert_close(loaded.member_scores(ids, mask), by_hand, rtol=0, atol=0)
         torch.testing.assert_close(loaded.score(ids, mask), MeanMinusStd(0.5)(by_hand), rtol=0, atol=0)
-        torch.testing.assert_close(loaded.last_disagreement, by_hand.std(dim=0), rtol=0, atol=0)
+        combined, spread = loaded.score_and_disagreement(ids, mask)
+        torch.testing.assert_close(combined, MeanMinusStd(0.5)(by_hand), rtol=0, atol=0)
+        torch.testing.assert_close(spread, by_hand.std(dim=0), rtol=0, atol=0)
         again = load_reward_model(folder).score(ids, mask)  # reloads score identically
         assert torch.equal(again, loaded.score(ids, mask))
         for rule in (EnsembleMean(), WorstCase()):  # a rule given at load replaces the folder's

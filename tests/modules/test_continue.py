@@ -1,4 +1,4 @@
-"""What iterative RLHF (lrlhf.rounds) continues from: a PPO policy adapter loaded into a new PPO module
+"""What iterative RLHF (lrlhf.run.rounds) continues from: a PPO policy adapter loaded into a new PPO module
 (``init_adapter``; the reference stays the base), the reference calibration still measured with adapters off, and a
 reward model trained further from its exported folder (head included)."""
 

@@ -1,17 +1,19 @@
-"""PPOModule with a group estimator (RLOO, GRPO) encodes each prompt once for its k samples
-(lrlhf.modules.group_sharing, module.config.prefix_sharing): the rollout's scores and log-probs, and the update's
-log-probs and gradients, equal the unshared computation; update minibatches hold whole groups; ``auto`` decides by
-the prompts' share of the columns; a setting that cannot share is refused naming its key."""
+"""PPOModule with a group estimator (RLOO, GRPO) encodes each prompt once for its k samples (its ``sharing``
+collaborator, lrlhf.modules.group_sharing.GroupSharing, module.config.prefix_sharing): the rollout's scores and
+log-probs, and the update's log-probs and gradients, equal the unshared computation; update minibatches hold whole
+groups; ``auto`` decides by the prompts' share of the columns; a setting that cannot share is refused naming its key.
+The decisions are the collaborator's alone, tested without a PPOModule."""
 # ruff: noqa: F811 -- the world / tokenizer fixtures come from test_ppo
 
 import re
 import warnings
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from lrlhf.data.datamodules import PromptDataModule
-from lrlhf.data.sharing import AUTO_MIN_SHARE
+from lrlhf.data.shared_batches import AUTO_MIN_SHARE
 from lrlhf.functional import FixedKLController
 from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
 from lrlhf.modules import PPOConfig, PPOModule
@@ -46,18 +48,27 @@ def _module(world, tokenizer, sharing="auto", advantage=None, critic=None, **ove
     return module
 
 
+def _sharing(prefix_sharing="auto", k=K, minibatch_size=4, has_critic=False):
+    return gs.GroupSharing(prefix_sharing, k, minibatch_size, has_critic)
+
+
+def _model(attention="sdpa", **config):
+    """What the sharing decision reads of a model: its config (attention, sliding window, model type)."""
+    return SimpleNamespace(config=SimpleNamespace(_attn_implementation=attention, model_type="llama", **config))
+
+
 class CountShared:
-    """Counts the forwards that ran shared (shared_response_logits returned logits)."""
+    """Counts the forwards that ran shared (GroupSharing.response_logits returned logits)."""
 
     def __init__(self, monkeypatch):
-        self.calls, real = [], gs.GroupSharing.shared_response_logits
+        self.calls, real = [], gs.GroupSharing.response_logits
 
-        def counted(module, *args):
-            out = real(module, *args)
+        def counted(sharing, *args):
+            out = real(sharing, *args)
             self.calls.append(out is not None)
             return out
 
-        monkeypatch.setattr(gs.GroupSharing, "shared_response_logits", counted)
+        monkeypatch.setattr(gs.GroupSharing, "response_logits", counted)
 
 
 def _close(got, expected, name=""):
@@ -92,14 +103,14 @@ def test_the_rollout_scores_shared_as_it_would_unshared(world, tokenizer, batch,
 def test_the_update_shares_whole_groups_with_the_unshared_gradients(world, tokenizer, batch):
     module = _module(world, tokenizer, True)
     rollout = module.make_rollout(batch)
-    order = module.minibatch_order(len(rollout), K, "cpu")
+    order = module.sharing.minibatch_order(len(rollout), K, "cpu")
     assert sorted(order.tolist()) == list(range(len(rollout)))
     assert (order.reshape(-1, K) == order.reshape(-1, K)[:, :1] + torch.arange(K)).all(), "whole groups, in order"
     assert (order.reshape(-1, K)[:, 0] % K == 0).all()
     mb = rollout.select(order[:4])
     results = {}
     for sharing in (False, True):
-        module.config.prefix_sharing = sharing
+        module.sharing = _sharing(sharing)
         module.model.zero_grad()
         logprobs, logits = module.policy_forward(mb.query_ids, mb.query_mask, mb.response_ids)
         loss, _ = module.policy_loss(logprobs, mb.logprobs, mb.advantages, mb.action_mask)
@@ -116,7 +127,8 @@ def test_the_update_shares_whole_groups_with_the_unshared_gradients(world, token
     for name in grads:
         _close(s_grads[name], grads[name], name)
     # rows that are not whole groups of one prompt run unshared
-    assert module.shared_response_logits(mb.query_ids[1:3], mb.query_mask[1:3], mb.response_ids[1:3]) is None
+    assert module.sharing.response_logits(module.model, mb.query_ids[1:3], mb.query_mask[1:3],
+                                          mb.response_ids[1:3]) is None
 
 
 def test_a_shared_run_trains_through_the_first_ratio_guard(world, tokenizer, tmp_path, monkeypatch):
@@ -135,36 +147,40 @@ def test_a_shared_run_trains_through_the_first_ratio_guard(world, tokenizer, tmp
     assert trainer.callback_metrics["guard/first_ratio_deviation"] < 1e-5
 
 
-def test_auto_decides_by_the_prompts_share_of_the_columns(world, tokenizer):
-    module = _module(world, tokenizer, "auto")
+def test_auto_decides_by_the_prompts_share_of_the_columns():
+    model = _model()
     # (k - 1) P / (k (P + R)) with k = 2: P = 2 R / 3 gives 0.2; the boundary sits at AUTO_MIN_SHARE
     assert gs.group_prompt_share(16, 24, 2) == pytest.approx(0.2)
     resp = 40
     prompt = 2 * AUTO_MIN_SHARE * resp / (1 - 2 * AUTO_MIN_SHARE)  # share exactly AUTO_MIN_SHARE
     assert gs.group_prompt_share(prompt, resp, 2) == pytest.approx(AUTO_MIN_SHARE)
-    assert module.sharing_groups(int(prompt) + 1, resp) == K and module.sharing_groups(int(prompt) - 1, resp) == 1
-    module.config.prefix_sharing = True
-    assert module.sharing_groups(1, resp) == K
-    module.config.prefix_sharing = False
-    assert module.sharing_groups(64, 1) == 1
+    auto = _sharing("auto")
+    assert auto.groups(model, int(prompt) + 1, resp) == K and auto.groups(model, int(prompt) - 1, resp) == 1
+    assert _sharing(True).groups(model, 1, resp) == K
+    assert _sharing(False).groups(model, 64, 1) == 1
 
 
-def test_no_sharing_with_a_critic_or_one_sample(world, tokenizer):
-    with_critic = _module(world, tokenizer, "auto", advantage=GAE(samples_per_prompt=K),
-                          critic=ValueAdapter(LoraSpec(r=4)))
-    assert with_critic.sharing_groups(64, 1) == 1
-    assert _module(world, tokenizer, "auto", advantage=GAE(), critic=ValueAdapter(LoraSpec(r=4))).sharing_groups(
-        64, 1) == 1
+def test_no_sharing_with_a_critic_or_one_sample():
+    assert _sharing("auto", has_critic=True).groups(_model(), 64, 1) == 1
+    assert _sharing("auto", k=1, has_critic=True).groups(_model(), 64, 1) == 1
+    assert _sharing("auto", k=1).groups(_model(), 64, 1) == 1
 
 
-def test_a_model_that_cannot_take_the_mask_runs_unshared_warning_once(world, tokenizer, batch):
-    module = _module(world, tokenizer, True)
-    module.model.get_base_model().config._attn_implementation = "flash_attention_2"
+def test_the_module_builds_its_sharing_from_its_settings(world, tokenizer):
+    module = _module(world, tokenizer, "auto", advantage=GAE(samples_per_prompt=K), critic=ValueAdapter(LoraSpec(r=4)))
+    assert module.sharing.scoring_group_size == 1 and module.sharing.groups(module.model, 64, 1) == 1
+    module = _module(world, tokenizer, True, minibatch_size=6)
+    assert (module.sharing.prefix_sharing, module.sharing.minibatch_size, module.sharing.scoring_group_size) == (
+        True, 6, K)
+
+
+def test_a_model_that_cannot_take_the_mask_runs_unshared_warning_once():
+    sharing, model = _sharing(True), _model("flash_attention_2")
     with pytest.warns(UserWarning, match="the rollouts' forwards run unshared: the model's attention"):
-        assert module.sharing_groups(64, 1) == 1
+        assert sharing.groups(model, 64, 1) == 1
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert module.sharing_groups(64, 1) == 1
+        assert sharing.groups(model, 64, 1) == 1
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -177,6 +193,16 @@ def test_a_model_that_cannot_take_the_mask_runs_unshared_warning_once(world, tok
 def test_settings_that_cannot_share_are_refused_naming_the_key(world, tokenizer, kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         _module(world, tokenizer, **kwargs)
+
+
+def test_the_sharing_refuses_what_cannot_share_without_a_module():
+    with pytest.raises(ValueError, match="prefix_sharing=true shares the prompt of k samples without a critic"):
+        _sharing(True, has_critic=True)
+    with pytest.raises(ValueError, match="prefix_sharing=true shares the prompt of k samples without a critic"):
+        _sharing(True, k=1)
+    with pytest.raises(ValueError, match=re.escape("module.config.minibatch_size=3 must be a multiple of")):
+        _sharing(True, minibatch_size=3)
+    assert _sharing("auto", minibatch_size=3).scoring_group_size == K  # auto: a minibatch of part groups is fine
 
 
 def test_whole_groups_need_one_prompt_and_mask_per_group_and_a_real_last_column():
@@ -208,16 +234,16 @@ def test_scoring_chunks_are_whole_groups_on_every_rank_whatever_the_rollout_deci
     module.configure_model()
     module.chunks = []
     module.make_rollout(batch)
-    assert module.sharing_groups(batch["input_ids"].shape[1], 8) == 1 and module.chunks == [2, 2, 2, 2]
-    assert module.scoring_group_size() == K
-    module.config.prefix_sharing = False
-    assert module.scoring_group_size() == 1
+    assert module.sharing.groups(module.model, batch["input_ids"].shape[1], 8) == 1
+    assert module.chunks == [2, 2, 2, 2]
+    assert module.sharing.scoring_group_size == K
+    assert _sharing(False).scoring_group_size == 1
 
 
-def test_auto_with_a_minibatch_of_part_groups_shuffles_rows(world, tokenizer):
-    module = _module(world, tokenizer, "auto", minibatch_size=3)
+def test_auto_with_a_minibatch_of_part_groups_shuffles_rows():
+    sharing = _sharing("auto", minibatch_size=3)
     torch.manual_seed(3)
-    order = module.minibatch_order(8, K, "cpu")
+    order = sharing.minibatch_order(8, K, "cpu")
     torch.manual_seed(3)
     assert torch.equal(order, torch.randperm(8))
 
@@ -225,6 +251,6 @@ def test_auto_with_a_minibatch_of_part_groups_shuffles_rows(world, tokenizer):
 def test_a_sliding_window_narrower_than_the_shared_row_runs_unshared(world, tokenizer):
     module = _module(world, tokenizer, True)
     module.model.get_base_model().config.sliding_window = 40
-    assert module.sharing_groups(20, 10) == K  # the shared row: 20 + 2 x 10 = 40 columns, inside the window
+    assert module.sharing.groups(module.model, 20, 10) == K  # the shared row: 20 + 2 x 10 = 40 columns, in the window
     with pytest.warns(UserWarning, match=r"sliding window \(40 tokens\) is narrower than the shared row \(41\)"):
-        assert module.sharing_groups(21, 10) == 1  # 41 columns (an unshared row, 31, would fit)
+        assert module.sharing.groups(module.model, 21, 10) == 1  # 41 columns (an unshared row, 31, would fit)

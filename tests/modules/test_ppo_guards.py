@@ -1,7 +1,8 @@
 """PPO's run-time guards and the tests that kill the mutants the older suite let through: the sampler really uses
 its KV cache, the first-update ratio and the sampler self-check stop a corrupted run, half precision turns
 ``recompute_old_logprobs`` on, the rollout draws from ``softmax(logits / T)``, dropout stays off in sampling and
-scoring, and the rewards use the frozen calibration."""
+scoring, and the rewards use the frozen calibration. The guards are the module's ``guards`` collaborator
+(:class:`lrlhf.modules.guards.PPOGuards`), whose checks are also tested without a module."""
 
 # ruff: noqa: F811 -- the world / tokenizer fixtures come from test_ppo
 import lightning.pytorch as pl
@@ -15,8 +16,8 @@ from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
 from lrlhf.models.generation import CacheNotUsedError, sample_with_logprobs
 from lrlhf.modules import PPOConfig, PPOModule
 from lrlhf.modules.critic import ValueAdapter
-from lrlhf.modules.guards import RATIO_TOLERANCE, run_precision
-from lrlhf.modules.reward import RewardCalibration
+from lrlhf.modules.guards import RATIO_TOLERANCE, PPOGuards, Precision, run_precision
+from lrlhf.modules.rm import RewardCalibration
 from lrlhf.modules.rollout import Sampled
 from lrlhf.utils.errors import InvariantError
 
@@ -148,7 +149,7 @@ def test_half_precision_turns_recompute_on_and_says_so(world, tokenizer, tmp_pat
     with caplog.at_level("INFO"):
         _fit(module, world, tokenizer, 2, tmp_path, precision="bf16-mixed")
     assert module.compute_precision.reduced and module.compute_precision.label.startswith("precision bf16-mixed")
-    assert module.recompute_old_logprobs
+    assert module.guards.recompute_old_logprobs(module.compute_precision)
     assert "old log-probs are recomputed by a full forward" in caplog.text
     # recomputed by the same full forward the update runs: the first ratio is 1 to the bit under bf16 autocast
     assert len(module.first_log_ratios) == 2
@@ -162,7 +163,68 @@ def test_precision_of_half_weights_and_full_ones(world):
     assert run_precision(None, model.to(torch.bfloat16)).reduced is True
     explicit = PPOModule(model, ScalarModel(model), config=PPOConfig(recompute_old_logprobs=False), tokenizer=object())
     explicit.model = model
-    assert explicit.recompute_old_logprobs is False  # a setting the user wrote wins
+    assert explicit.guards.recompute_old_logprobs(explicit.compute_precision) is False  # a setting the user wrote wins
+
+
+# ------------------------------------------------------------------------------- the guards on their own
+FULL, REDUCED = Precision("full", reduced=False), Precision("half", reduced=True)
+
+
+def test_the_recompute_follows_the_setting_or_else_the_precision():
+    assert PPOGuards(True, None, None).recompute_old_logprobs(REDUCED) is True
+    assert PPOGuards(True, None, None).recompute_old_logprobs(FULL) is False
+    assert PPOGuards(True, None, False).recompute_old_logprobs(REDUCED) is False
+    assert PPOGuards(True, None, True).recompute_old_logprobs(FULL) is True
+
+
+def test_the_precision_is_resolved_once_per_fit(world):
+    model = load_causal_lm(ModelConfig(str(world.model)))
+    guards = PPOGuards(True, None, None)
+    first = guards.resolve_precision(None, model)
+    assert first.reduced is False and guards.resolve_precision(None, model.to(torch.bfloat16)) is first  # kept
+    guards.start_fit()
+    assert guards.resolve_precision(None, model).reduced is True and guards.self_check_pending
+
+
+def test_the_first_ratio_guard_names_the_rollout_and_is_off_with_the_checks():
+    logprobs, mask = torch.zeros(2, 3), torch.tensor([[True, True, False], [True, False, False]])
+    assert PPOGuards(True, None, None).first_ratio(logprobs, logprobs, mask, FULL, 3) == 0.0
+    off_by = logprobs + 0.2
+    with pytest.raises(InvariantError, match=r"at rollout 3 \(first minibatch.*tolerance of 0\.001 for full"):
+        PPOGuards(True, None, None).first_ratio(logprobs, off_by, mask, FULL, 3)
+    loose = PPOGuards(True, 0.25, None).first_ratio(logprobs, off_by, mask, FULL, 3)
+    assert loose == pytest.approx(1 - torch.exp(torch.tensor(-0.2, dtype=torch.float64)).item())
+    assert PPOGuards(False, None, None).first_ratio(logprobs, off_by, mask, FULL, 3) is None
+    assert PPOGuards(True, None, None).first_ratio(logprobs, off_by, mask & False, FULL, 3) is None  # no action
+
+
+def test_the_sampler_check_runs_once_with_the_hooks_it_is_given():
+    ids, mask = torch.tensor([[5, 6], [7, 8]]), torch.ones(2, 2, dtype=torch.long)
+    response = torch.tensor([[3, 1], [4, 1]])  # each stops at EOS 1
+    calls = []
+
+    def sample(query_ids, query_mask, max_new_tokens):
+        calls.append(("sample", query_ids.shape[0], max_new_tokens))
+        return Sampled(response, torch.full(response.shape, -1.0))
+
+    def policy_forward(query_ids, query_mask, response_ids):
+        calls.append(("forward", query_ids.shape[0]))
+        return torch.full(response_ids.shape, -1.5), None
+
+    guards = PPOGuards(True, None, None)
+    with pytest.raises(InvariantError, match="sampler self-check"):
+        guards.check_sampler(sample, policy_forward, [1], 0, {"input_ids": ids, "attention_mask": mask}, FULL)
+    assert calls == [("sample", 2, 8), ("forward", 2)] and not guards.self_check_pending
+    calls.clear()
+    PPOGuards(False, None, None).check_sampler(sample, policy_forward, [1], 0,
+                                               {"input_ids": ids, "attention_mask": mask}, FULL)
+    assert calls == []  # checks off: nothing sampled
+
+
+def test_a_non_finite_loss_stops_naming_the_rollout_and_minibatch():
+    PPOGuards.check_loss(torch.tensor(1.0), 0, 0)
+    with pytest.raises(FloatingPointError, match=r"non-finite loss \(nan\) at rollout 2, minibatch 5"):
+        PPOGuards.check_loss(torch.tensor(float("nan")), 2, 5)
 
 
 # ----------------------------------------------------------------------------------- surviving mutants

@@ -1,5 +1,6 @@
 """PPO's efficiency levers (issue #31): the toy world's verifiable reward (``reward=gold``), the epoch early stop at a
-target approximate KL, and the critic's warm-up before the first policy update."""
+target approximate KL, and the critic's warm-up before the first policy update; and the reward protocol they plug
+into (``build`` and ``score``, the scores' extras reaching the rollout statistics)."""
 
 import random
 
@@ -11,8 +12,9 @@ from lrlhf.data.toy.tasks import task_from_prompt
 from lrlhf.data.toy.utility import verifiable_reward
 from lrlhf.functional import AdaptiveKLController
 from lrlhf.models import LoraSpec
+from lrlhf.modules import PPOModule
 from lrlhf.modules.critic import SharedTrunk, ValueAdapter
-from lrlhf.modules.rewards import FunctionReward
+from lrlhf.modules.rewards import FunctionReward, RewardScores, RewardSource
 from lrlhf.utils.errors import InvariantError
 
 from .test_ppo import _batch, _fit, _module, _snapshot, tokenizer, world  # noqa: F401 (fixtures)
@@ -58,7 +60,7 @@ class Recorder:
 def test_function_reward_sees_the_prompt_and_the_response_cut_at_the_stop(world, tokenizer):  # noqa: F811
     fn = Recorder()
     module = _module(world, tokenizer, reward=FunctionReward(fn, name="recorder"))
-    assert module.reward_model is None and module.reward_fn.tokenizer is tokenizer  # built by configure_model
+    assert module.reward_model is None and module.reward.tokenizer is tokenizer  # built by configure_model
     batch = _batch(world, tokenizer)
     rollout = module.make_rollout(batch)
     assert torch.equal(rollout.raw_scores, torch.full((len(rollout),), 0.25))
@@ -73,19 +75,65 @@ def test_function_reward_sees_the_prompt_and_the_response_cut_at_the_stop(world,
 
 def test_function_reward_refuses_a_non_finite_score(world, tokenizer):  # noqa: F811
     module = _module(world, tokenizer, reward=FunctionReward(Recorder(float("nan")), name="broken"))
-    assert module.reward_model is None and module.reward_fn.tokenizer is tokenizer  # built by configure_model
+    assert module.reward_model is None and module.reward.tokenizer is tokenizer  # built by configure_model
     with pytest.raises(InvariantError, match="reward 'broken' returned nan for the response"):
         module.make_rollout(_batch(world, tokenizer))
 
 
 def test_gold_reward_through_the_module_equals_gold_on_the_records(world, tokenizer):  # noqa: F811
     module = _module(world, tokenizer, reward=FunctionReward(verifiable_reward, name="gold"))
-    assert module.reward_model is None and module.reward_fn.tokenizer is tokenizer  # built by configure_model
+    assert module.reward_model is None and module.reward.tokenizer is tokenizer  # built by configure_model
     batch = _batch(world, tokenizer)
     rollout = module.make_rollout(batch)
-    _, texts = module.reward_fn.texts(rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.masks)
+    _, texts = module.reward.texts(rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.masks)
     expected = [gold_utility(meta["task"], text) for meta, text in zip(batch["meta"], texts, strict=True)]
     assert rollout.raw_scores.tolist() == pytest.approx(expected, abs=1e-7)
+
+
+# ------------------------------------------------------------------------------- the reward protocol
+class CountingReward(RewardSource):
+    """A reward source of its own: builds nothing, scores each response by its length, and says a disagreement of
+    one tenth of the row index (an extra the rollout's statistics read, as an ensemble's)."""
+
+    def build(self, model, tokenizer):  # noqa: F811
+        self.built_with = (model, tokenizer)
+        return None
+
+    def score(self, query_ids, query_mask, response_ids, masks):
+        rows = torch.arange(len(response_ids), dtype=torch.float32)
+        return RewardScores(masks.lengths.float(), 0.1 * rows)
+
+
+def test_any_object_with_build_and_score_is_the_reward_and_its_extras_reach_the_rollout_stats(
+        world, tokenizer, tmp_path):  # noqa: F811
+    reward = CountingReward()
+    module = _module(world, tokenizer, reward=reward, forward_batch_size=3)
+    assert module.reward is reward and module.reward_model is None
+    assert reward.built_with == (module.model, tokenizer)  # the policy's peft model and the tokenizer
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    assert torch.equal(rollout.raw_scores, rollout.masks.lengths.float())
+    # scored in chunks of 3 rows (forward_batch_size): each chunk's extras, in order
+    assert torch.equal(module.rollout_disagreement, torch.tensor([0.0, 0.1, 0.2, 0.0]))
+    assert module.rollout_stats(rollout)["reward/ensemble_std"] == pytest.approx(0.075)
+    trainer = _fit(module, world, tokenizer, 1, tmp_path)
+    assert trainer.logged_metrics["reward/ensemble_std"] == pytest.approx(0.075)
+
+
+def test_a_subclass_score_is_the_reward_without_extras(world, tokenizer):  # noqa: F811
+    class Constant(PPOModule):
+        def score(self, query_ids, query_mask, response_ids, masks):
+            return torch.full((len(response_ids),), 2.0)
+
+    module = _module(world, tokenizer, cls=Constant, reward=CountingReward())
+    rollout = module.make_rollout(_batch(world, tokenizer))
+    assert torch.equal(rollout.raw_scores, torch.full((len(rollout),), 2.0))
+    assert module.rollout_disagreement is None and "reward/ensemble_std" not in module.rollout_stats(rollout)
+
+
+def test_a_reward_that_is_no_source_is_refused_naming_the_key(world, tokenizer):  # noqa: F811
+    with pytest.raises(TypeError, match="module.reward_model must be a reward-model folder, a ScalarModel or a "
+                                        "reward source"):
+        _module(world, tokenizer, reward=42)
 
 
 # ---------------------------------------------------------------------------------- epoch early stop

@@ -12,7 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from lrlhf.data.collate import pad_to_multiple
 from lrlhf.data.datamodules import PreferenceDataModule
-from lrlhf.data.sharing import unshare_batch
+from lrlhf.data.shared_batches import unshare_batch
 from lrlhf.data.toy import WorldSizes, build_world
 from lrlhf.functional import margin_summary, ranking_loss
 from lrlhf.models import LoraSpec, ModelConfig
@@ -263,8 +263,8 @@ def test_a_source_file_name_with_dots_is_a_metric_name(world, tmp_path):
 
 def test_held_out_accuracy_comes_with_its_interval_and_the_length_baselines(world):
     # issue #15: an RM that only learned "shorter wins" must be seen as such
-    from lrlhf.modules.reward import completion_lengths
     from lrlhf.modules.reward_eval import pairwise_baselines
+    from lrlhf.modules.rm import completion_lengths
 
     module = RewardModule(ModelConfig(str(world.model)), RewardConfig(lr=1e-3), tokenizer=world.tokenizer)
     module.configure_model()
@@ -307,7 +307,7 @@ def _keys(pairs):
 def test_the_reward_artefact_names_stay_importable_from_modules():
     import lrlhf.models.reward as artefact
     import lrlhf.modules as modules
-    import lrlhf.modules.reward as training
+    import lrlhf.modules.rm as training
 
     for name in ("RewardCalibration", "load_calibration", "load_reward_model", "attach_reward_adapter"):
         assert getattr(modules, name) is getattr(training, name) is getattr(artefact, name)

@@ -5,12 +5,12 @@ and the console's: progress in rollouts or steps, a clean stop on SIGTERM / SIGI
 Each takes plain keyword arguments, so a Hydra ``callbacks/<name>.yaml`` with a ``_target_`` builds it.
 """
 
-from lrlhf.callbacks.audit import HighRewardAudit
 from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
 from lrlhf.callbacks.csv_logger import ResumableCSVLogger
 from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
 from lrlhf.callbacks.kl_control import KLControlCallback
 from lrlhf.callbacks.progress import RunProgressBar, console_callbacks
+from lrlhf.callbacks.reward_audit import HighRewardAudit
 from lrlhf.callbacks.samples import SampleTable
 from lrlhf.callbacks.stop import StopOnSignal, TrainingStopped
 from lrlhf.eval.plots import plot_goodhart  # kept importable from here; it lives in eval/plots.py

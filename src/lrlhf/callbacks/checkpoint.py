@@ -1,4 +1,4 @@
-"""Checkpoints that really resume (``docs/architecture.md``, seed 000 §8.4), on Lightning's own machinery.
+"""Checkpoints that really resume (a resumed run continues bitwise), on Lightning's own machinery.
 
 :class:`ResumableCheckpoint` is a ``ModelCheckpoint`` subclass, so ``trainer.fit(..., ckpt_path="last")`` finds
 its ``last.ckpt``. Lightning's checkpoint already holds the trained weights, optimisers, schedulers, loop

@@ -1,5 +1,5 @@
-"""Early stopping on held-out utility, not on the training reward (seed 000 §10.2, Gao et al. 2022); without a
-judge, on a reward ensemble's held-out disagreement (``max_disagreement_rise``).
+"""Early stopping on held-out utility, not on the training reward (the proxy keeps rising while the true utility
+falls: Gao et al. 2022); without a judge, on a reward ensemble's held-out disagreement (``max_disagreement_rise``).
 
 Every ``every_n_rollouts`` rollouts :class:`HeldOutUtilityEarlyStopping` samples responses to a fixed set of
 held-out prompts (disjoint from the RL prompts) with the policy's sampling config and a fixed seed, in a forked
@@ -47,6 +47,24 @@ from lrlhf.models.generation import as_prompt
 from lrlhf.utils.io import atomic_write_text
 
 Utility = Callable[[Any, str], float]
+
+
+class DisagreementHooks(ModuleHooks):
+    """:class:`ModuleHooks` that score through ``PPOModule.reward_scores`` and keep an ensemble reward's per-sample
+    disagreement (its members' std) of every batch, in order, in :attr:`disagreement`."""
+
+    def __init__(self, module):
+        super().__init__(module)
+        self.disagreement: list[torch.Tensor] = []
+
+    def score(self, q, qm, r, masks):
+        reward_scores = getattr(self.module, "reward_scores", None)  # PPOModule: the scores with their extras
+        if reward_scores is None:
+            return super().score(q, qm, r, masks)
+        scored = reward_scores(q, qm, r, masks)
+        if scored.disagreement is not None:
+            self.disagreement.append(scored.disagreement)
+        return scored.scores
 
 
 class HeldOutUtilityEarlyStopping(Callback):
@@ -159,17 +177,15 @@ class HeldOutUtilityEarlyStopping(Callback):
         ``policy_forward``, ``reference_logprobs``, ``score`` and ``calibration``. Override to evaluate something
         else.
         """
-        take = getattr(pl_module, "take_disagreement", lambda: None)  # an ensemble reward's (PPOModule)
-        take()
-        samples = sample_held_out(ModuleHooks(pl_module), self.prompts, self.n_samples, self.seed, self.batch_size,
+        hooks = DisagreementHooks(pl_module)
+        samples = sample_held_out(hooks, self.prompts, self.n_samples, self.seed, self.batch_size,
                                   self.max_prompt_length)
         utilities = samples.proxy.tolist() if self.utility is None else score_responses(self.utility, samples.records,
                                                                                         samples.texts)
         result = {"utility": sum(utilities) / len(utilities), "proxy": samples.proxy.mean().item(),
                   "kl": samples.kl.mean().item(), "length": samples.lengths.float().mean().item()}
-        spread = take()
-        if spread is not None:  # the members' disagreement on the held-out samples: a warning that needs no gold
-            result["disagreement"] = spread.mean().item()
+        if hooks.disagreement:  # the members' disagreement on the held-out samples: a warning that needs no gold
+            result["disagreement"] = torch.cat(hooks.disagreement).mean().item()
         return result
 
     # ---------------------------------------------------------------------------------------- hooks

@@ -1,6 +1,7 @@
 """The KL controller moved into the module: ``module.kl_controller`` (:class:`~lrlhf.functional.KLController`, by
 ``_target_``; ``module/kl_controller=adaptive|fixed``) is owned, driven, logged and checkpointed by
-:class:`~lrlhf.modules.PPOModule`. :class:`KLControlCallback` remains only to say so to a config that still names it.
+:class:`~lrlhf.modules.PPOModule`. :class:`KLControlCallback` remains only to say so to a config that still names it,
+until lrlhf 0.2.0, which removes this file (and ``lrlhf.run.cli``'s refusal of ``callbacks.kl_control.*``).
 """
 
 from __future__ import annotations

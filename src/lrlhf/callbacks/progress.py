@@ -149,14 +149,14 @@ class RunProgressBar(TQDMProgressBar):
             self._drawn_at = now
 
 
-def console_callbacks(cfg, callbacks: list[Callback]) -> list[Callback]:
+def console_callbacks(stage: str | None, callbacks: list[Callback], progress_bar: bool = True) -> list[Callback]:
     """The callbacks every CLI stage gets on top of ``callbacks`` (those of its config): the progress bar (unless
-    the trainer config disables it or ``callbacks`` has one) and the clean stop (unless there is one)."""
+    ``progress_bar`` is off, the trainer's ``enable_progress_bar``, or ``callbacks`` has one) and the clean stop
+    (unless there is one)."""
     from lightning.pytorch.callbacks import ProgressBar
 
-    stage = cfg.get("stage")
     extra: list[Callback] = []
-    if cfg.trainer.get("enable_progress_bar", True) and not any(isinstance(c, ProgressBar) for c in callbacks):
+    if progress_bar and not any(isinstance(c, ProgressBar) for c in callbacks):
         extra.append(RunProgressBar(stage=stage))
     if not any(isinstance(c, StopOnSignal) for c in callbacks):
         extra.append(StopOnSignal(stage=stage))

@@ -26,7 +26,7 @@ from lightning.pytorch import Callback
 
 from lrlhf.data.records import PromptExample
 from lrlhf.models.generation import SamplingConfig
-from lrlhf.modules.samples import log_table
+from lrlhf.utils.tables import log_table
 
 COLUMNS = ["step", "kind", "prompt", "response", "reward", "judge", "kl"]
 

@@ -13,7 +13,7 @@ A scheduler sends SIGTERM before it preempts a job or its time runs out (SLURM: 
    the first ``ModelCheckpoint``'s folder (what ``ckpt_path=last`` finds), else
    ``<default_root_dir>/checkpoints/last.ckpt``;
 4. raises :class:`TrainingStopped`, a ``SystemExit`` with status 128 + the signal's number (143 for SIGTERM, 130
-   for SIGINT): no export, no summary. ``lrlhf.cli.main`` prints :meth:`TrainingStopped.message`: the same
+   for SIGINT): no export, no summary. ``lrlhf.run.cli.main`` prints :meth:`TrainingStopped.message`: the same
    command with ``hydra.run.dir=<run folder> ckpt_path=last``.
 
 A second SIGINT raises ``KeyboardInterrupt`` at once (no new checkpoint; the last periodic one stands); a second

@@ -3,7 +3,7 @@
 Turning a field into messages (plain ``{role, content}`` lists, ShareGPT turns, HH-RLHF transcripts), the role
 checks every reader applies (a prompt ends with a user turn, a continuation starts with an assistant turn,
 ``system`` only first) and the shared-prefix rule. Each takes the reader's context, whose ``error`` builds a
-:class:`~lrlhf.data.errors.DataFormatError` naming the record, so every message names where it happened.
+:class:`~lrlhf.data.format_errors.DataFormatError` naming the record, so every message names where it happened.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any, Protocol
 
-from lrlhf.data.errors import DataFormatError
+from lrlhf.data.format_errors import DataFormatError
 from lrlhf.data.records import ROLES, Conversation
 from lrlhf.data.summary import NO_SHARED_PREFIX
 

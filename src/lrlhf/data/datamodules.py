@@ -35,7 +35,7 @@ from lrlhf.data.collate import (
 )
 from lrlhf.data.records import PREFERENCE_KINDS, PreferencePair, PromptExample, Ranking, SFTExample
 from lrlhf.data.sampler import ResumableSampler
-from lrlhf.data.sharing import (
+from lrlhf.data.shared_batches import (
     AUTO_MIN_SHARE,
     PREFIX_SHARING,
     collate_shared_pairs,
@@ -345,8 +345,8 @@ class PreferenceDataModule(ChatDataModule):
 
     Args:
         prefix_sharing: ``"auto"`` (default), ``True`` or ``False``: batches in the prefix-shared layout
-            (:mod:`lrlhf.data.sharing`: each pair's or ranking's common prefix, the prompt at least, encoded once,
-            one row per pair). ``"auto"`` shares when prefixes hold at least ``AUTO_MIN_SHARE`` of the training
+            (:mod:`lrlhf.data.shared_batches`: each pair's or ranking's common prefix, the prompt at least, encoded
+            once, one row per pair). ``"auto"`` shares when prefixes hold at least ``AUTO_MIN_SHARE`` of the training
             split's tokens (measured at setup, in ``prefix_shares`` and the data report). Never with ``packing``.
         Others: :class:`ChatDataModule`'s.
     """

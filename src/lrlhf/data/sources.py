@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from lrlhf.data.errors import DataFormatError
+from lrlhf.data.format_errors import DataFormatError
 
 LOCAL_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz", ".parquet")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from lrlhf.data.errors import EmptyDatasetError
+from lrlhf.data.format_errors import EmptyDatasetError
 
 # Drop reasons used by this package; other steps add their own (e.g. tokenisation's "too_long").
 IDENTICAL = "identical_chosen_rejected"

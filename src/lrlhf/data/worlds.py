@@ -77,12 +77,13 @@ class ToyWorld:
 
     def build(self, out: Path) -> None:
         from lrlhf.data.toy import WorldConfig, WorldSizes, build_world
-        from lrlhf.data.toy.world import judge_records, write_jsonl
+        from lrlhf.data.toy.world import judge_records
+        from lrlhf.utils.io import write_json_lines
 
         sizes = WorldSizes(**self.sizes)
         Path(out).mkdir(parents=True, exist_ok=True)
         for name, records in judge_records(WorldConfig(seed=self.seed, sizes=sizes)).items():
-            write_jsonl(Path(out) / f"{name}.jsonl", records)
+            write_json_lines(Path(out) / f"{name}.jsonl", records)
         build_world(out, seed=self.seed, sizes=sizes)  # its world.json last: the mark of a complete world
 
     def describe(self) -> str:
@@ -234,26 +235,4 @@ def _demonstrations(records: list) -> list[SFTExample]:
     return out
 
 
-def world_of(node) -> ToyWorld | FilesWorld:
-    """The world object of a ``world`` config node, its values resolved but ``dir`` (the CLI's) and ``judge`` (it
-    may name a stage the caller does not need)."""
-    from hydra.utils import instantiate
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-
-    content = {}
-    for key in node:
-        if key in ("dir", "judge", "judge_recipe", "table_judge"):
-            continue
-        value = node[key]
-        content[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) \
-            else value
-    try:
-        return instantiate(content, _convert_="all")
-    except Exception as err:  # a bad world value: name the key
-        cause = err
-        while cause.__cause__ is not None:
-            cause = cause.__cause__
-        raise ValueError(str(cause) if str(cause).startswith("world.") else f"world: {cause}") from err
-
-
-__all__ = ["LAYOUT", "PREFERENCE_SPLITS", "FilesWorld", "ToyWorld", "world_of"]
+__all__ = ["LAYOUT", "PREFERENCE_SPLITS", "FilesWorld", "ToyWorld"]

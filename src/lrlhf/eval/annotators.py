@@ -1,4 +1,5 @@
-"""Annotators: who labels a pair of responses to one prompt (the labelling step of iterative RLHF, :mod:`lrlhf.rounds`).
+"""Annotators: who labels a pair of responses to one prompt (the labelling step of iterative RLHF,
+:mod:`lrlhf.run.rounds`).
 
 An annotator is any object with ``label(pairs, round_index) -> list[float]``: for each :class:`Pair` (a prompt record
 and two responses ``a`` and ``b``), ``1.0`` when ``a`` is preferred, ``0.0`` when ``b`` is, ``0.5`` for a tie. The

@@ -1,4 +1,4 @@
-"""The high-reward audit (seed 000, section 10.x): the samples a reward model likes best, with what could explain
+"""The high-reward audit (a reward-hacking check): the samples a reward model likes best, with what could explain
 their reward: the members' disagreement (an ensemble), the length, how the reward moves under counterfactual edits
 (:mod:`lrlhf.eval.counterfactual`) and, where known, the gold utility or a held-out judge's. Reward hacking shows
 here first: top samples that are long, padded, repeated, or that an edit the task does not care about moves.

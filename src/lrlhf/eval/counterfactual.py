@@ -1,14 +1,15 @@
-"""Counterfactual rescoring (seed 000, section 10.x): edit responses in ways the task does not reward (shorten,
+"""Counterfactual rescoring (a reward-hacking check): edit responses in ways the task does not reward (shorten,
 strip formatting, repeat a sentence, pad with filler, shuffle list items) and measure how a reward model's score
 moves. A reward that rises under padding or repetition rewards length, not quality.
 
 A **transformation** is any object with a ``name`` and ``__call__(text, rng) -> str`` (``rng`` a
 ``random.Random``); those here are the defaults (:data:`DEFAULT_TRANSFORMS`), and a user's own is passed the same
 way. :func:`counterfactual_table` scores each sample before and after each transformation with a scorer
-(``score(prompts, texts) -> list[float]``, e.g. a calibrated reward model, :func:`lrlhf.eval.rounds.rm_scorer`) and,
-where a judge is given (the toy world's gold utility, a held-out judge), the judge too: one row per
-transformation with the mean change over the samples it changed, its 95 % bootstrap interval, the change of
-length in words, and how many samples it left unchanged (a no-op is not counted as a zero).
+(``score(prompts, texts) -> list[float]``, e.g. a calibrated reward model,
+:func:`lrlhf.eval.round_figures.rm_scorer`) and, where a judge is given (the toy world's gold utility, a held-out
+judge), the judge too: one row per transformation with the mean change over the samples it changed, its 95 %
+bootstrap interval, the change of length in words, and how many samples it left unchanged (a no-op is not counted as
+a zero).
 """
 
 from __future__ import annotations

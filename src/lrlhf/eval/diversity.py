@@ -1,8 +1,9 @@
 """Diversity of sampled responses: distinct-n over a policy's outputs, self-similarity among one prompt's samples.
 
 Responses are split into words by whitespace (the toy world's tokens are words; pass ``tokenize`` for another
-scheme). Both measures watch for the mode collapse RLHF is prone to (seed 000 section 9): distinct-n falls and
-self-similarity rises when a policy answers every prompt, or every sample of one prompt, the same way.
+scheme). Both measures watch for the mode collapse RLHF is prone to (the policy settles on a few answers):
+distinct-n falls and self-similarity rises when a policy answers every prompt, or every sample of one prompt, the
+same way.
 """
 
 from __future__ import annotations

@@ -192,26 +192,78 @@ TABLE_COLUMNS = ("policy", "gold", "gold_ci", "gold_vs_base", "gold_vs_base_ci",
 
 
 # -------------------------------------------------------------------------------------------------- main
-def check_eval_config(ev) -> None:
-    """Refuse a bad ``eval`` node of ``recipe=eval`` naming its key (cheap: nothing is loaded; the CLI calls it
-    before building any stage)."""
-    policies = ev.get("policies") or {}
-    bon = ev.get("bon") or {}
+@dataclass
+class BonSettings:
+    """``eval.bon``: Best-of-N under the proxy from one pool of one policy's samples."""
+
+    policy: str | None = None
+    """The policy the pool samples (one of ``eval.policies``)."""
+    n: list[int] = field(default_factory=list)
+    """Table rows: ``n_samples`` picks per prompt, each the best of its own ``n`` samples of the pool."""
+    curve_max: int = 0
+    """The utility-vs-KL curve ``N = 1..curve_max`` (0: none)."""
+
+
+@dataclass
+class AuditSettings:
+    """``eval.audit``: each policy's top-reward samples and the counterfactual table."""
+
+    top_k: int = 8
+    max_samples: int | None = None
+
+
+@dataclass
+class EvalSettings:
+    """``eval.*`` of ``recipe=eval`` (see the module docstring and ``recipes/eval.yaml``), checked when built: a bad
+    value fails when planning, naming its key, before any stage is built."""
+
+    prompts: str
+    policies: dict[str, str]
+    baseline: str
+    reference: str
+    reward_model: str
+    calibration: str | None = None
+    judge: object = "toy_gold"
+    max_prompts: int | None = None
+    subgroup_key: str = "task.kind"
+    n_samples: int = 4
+    temperature: float = 1.0
+    max_new_tokens: int = 32
+    batch_size: int = 256
+    bon: BonSettings = field(default_factory=BonSettings)
+    tie_band: float = 0.0
+    bad_below: float | None = 0.5
+    n_resamples: int = 1000
+    audit: AuditSettings | None = None
+    goodhart_stage: str | None = None
+
+    def __post_init__(self):
+        self.policies = dict(self.policies or {})
+        if isinstance(self.bon, dict):
+            self.bon = BonSettings(**self.bon)
+        if isinstance(self.audit, dict):
+            self.audit = AuditSettings(**self.audit)
+        check_eval_config(self)
+
+
+def check_eval_config(ev: EvalSettings) -> None:
+    """Refuse a bad ``eval`` node of ``recipe=eval`` naming its key (cheap: nothing is loaded)."""
+    policies, bon = ev.policies, ev.bon
     checks = [
         ("policies", len(policies) >= 1, "must name at least one policy folder"),
-        ("baseline", ev.get("baseline") in policies, f"must be one of eval.policies {sorted(policies)}"),
-        ("n_samples", int(ev.get("n_samples") or 0) >= 1, "must be >= 1"),
-        ("batch_size", int(ev.get("batch_size") or 0) >= 1, "must be >= 1"),
-        ("max_new_tokens", int(ev.get("max_new_tokens") or 0) >= 1, "must be >= 1"),
-        ("temperature", float(ev.get("temperature") or 0) > 0, "must be > 0 (KL and Best-of-N need sampling)"),
-        ("n_resamples", int(ev.get("n_resamples") or 0) >= 1, "must be >= 1"),
-        ("tie_band", float(ev.get("tie_band") or 0) >= 0, "must be >= 0"),
-        ("bon.n", all(int(n) >= 1 for n in bon.get("n") or []), "entries must be >= 1"),
-        ("bon.curve_max", int(bon.get("curve_max") or 0) >= 0, "must be >= 0 (0: no curve)"),
-        ("bon.policy", not (bon.get("n") or bon.get("curve_max")) or bon.get("policy") in policies,
+        ("baseline", ev.baseline in policies, f"must be one of eval.policies {sorted(policies)}"),
+        ("n_samples", int(ev.n_samples or 0) >= 1, "must be >= 1"),
+        ("batch_size", int(ev.batch_size or 0) >= 1, "must be >= 1"),
+        ("max_new_tokens", int(ev.max_new_tokens or 0) >= 1, "must be >= 1"),
+        ("temperature", float(ev.temperature or 0) > 0, "must be > 0 (KL and Best-of-N need sampling)"),
+        ("n_resamples", int(ev.n_resamples or 0) >= 1, "must be >= 1"),
+        ("tie_band", float(ev.tie_band or 0) >= 0, "must be >= 0"),
+        ("bon.n", all(int(n) >= 1 for n in bon.n or []), "entries must be >= 1"),
+        ("bon.curve_max", int(bon.curve_max or 0) >= 0, "must be >= 0 (0: no curve)"),
+        ("bon.policy", not (bon.n or bon.curve_max) or bon.policy in policies,
          f"must be one of eval.policies {sorted(policies)}"),
-        ("judge", callable(ev.get("judge")) or ev.get("judge") == "toy_gold"
-         or str(ev.get("judge")).startswith("rm:") or ":" in str(ev.get("judge")),
+        ("judge", callable(ev.judge) or ev.judge == "toy_gold"
+         or str(ev.judge).startswith("rm:") or ":" in str(ev.judge),
          "must be toy_gold, rm:<reward model folder> or <module>:<callable>"),
     ]
     for key, ok, rule in checks:
@@ -223,26 +275,24 @@ def check_eval_config(ev) -> None:
 def _lookup(node, key: str):
     """``node.a.b`` for ``key = "a.b"`` (None when a part is missing)."""
     for part in key.split("."):
-        node = node.get(part) if hasattr(node, "get") else None
+        node = getattr(node, part, None)
     return node
 
 
-def run_eval(cfg, out_dir: Path) -> dict:
-    """Evaluate the policies of ``cfg.eval`` (see the module docstring); returns the summary."""
-    from hydra.utils import instantiate
-    from omegaconf import OmegaConf
-
+def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | None = None, logger=None,
+             hyperparams: dict | None = None) -> dict:
+    """Evaluate the policies of ``ev`` (see the module docstring); returns the summary. ``goodhart_folder``: the
+    stage folder whose held-out history ``goodhart.png`` plots; ``logger``: a Lightning logger the figures also go
+    to, with ``hyperparams``."""
     from lrlhf.data.formats import load_records
     from lrlhf.eval.best_of_n import toy_gold_judge
     from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
     from lrlhf.models.reward import load_calibration, load_reward_model
 
-    ev = cfg.eval
-    check_eval_config(ev)
-    policies = dict(OmegaConf.to_container(ev.policies, resolve=True))
+    policies = dict(ev.policies)
     bon_ns = [int(n) for n in ev.bon.n]
     prompts, _ = load_records(str(ev.prompts), "prompt", verbose=False)
-    if ev.get("max_prompts"):
+    if ev.max_prompts:
         prompts = prompts[:ev.max_prompts]
     groups = [_group_label(p, ev.subgroup_key) for p in prompts]
     judge = resolve_judge(ev.judge)
@@ -251,8 +301,8 @@ def run_eval(cfg, out_dir: Path) -> dict:
     tokenizer = load_tokenizer(ModelConfig(str(ev.reference)))
     reference = load_causal_lm(ModelConfig(str(ev.reference)))
     reward_model = load_reward_model(str(ev.reward_model))
-    calibration = load_calibration(str(ev.calibration)) if ev.get("calibration") else None
-    sampling = SamplingConfig(ev.max_new_tokens, ev.temperature, cfg.seed)
+    calibration = load_calibration(str(ev.calibration)) if ev.calibration else None
+    sampling = SamplingConfig(ev.max_new_tokens, ev.temperature, seed)
     common = dict(reward_model=reward_model, calibration=calibration, batch_size=ev.batch_size)
 
     def finish(samples: Samples) -> Samples:  # gold and judge utilities, computed once per sample
@@ -279,7 +329,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
         print(f"eval: Best-of-N pool, {pool_size} samples per prompt from {ev.bon.policy}")
         pool_model = reference if Path(source).resolve() == Path(str(ev.reference)).resolve() else \
             load_causal_lm(ModelConfig(source))
-        pool_sampling = SamplingConfig(ev.max_new_tokens, ev.temperature, cfg.seed + 1)  # not the policies' draws
+        pool_sampling = SamplingConfig(ev.max_new_tokens, ev.temperature, seed + 1)  # not the policies' draws
         pool = finish(sample_policy(pool_model, tokenizer, prompts, pool_size, pool_sampling, name="pool", **common))
         for n in bon_ns:
             evaluated[f"bon{n}"] = best_of_n_from_pool(pool, n, ev.n_samples)
@@ -288,7 +338,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
                                                                                       strict=True)))
                      for n in range(1, ev.bon.curve_max + 1)]
     baseline = evaluated[ev.baseline]
-    rows = [policy_row(s, baseline, prompts, groups, judge, judge_is_gold, ev.tie_band, ev.bad_below, cfg.seed,
+    rows = [policy_row(s, baseline, prompts, groups, judge, judge_is_gold, ev.tie_band, ev.bad_below, seed,
                        ev.n_resamples) for s in evaluated.values()]
     columns = [c for c in TABLE_COLUMNS if any(r.get(c) is not None for r in rows)]
     every = list(dict.fromkeys(k for r in rows for k in r))  # the CSV keeps every figure, the Markdown the main ones
@@ -296,7 +346,7 @@ def run_eval(cfg, out_dir: Path) -> dict:
     plots = {}
     if has_gold:
         plots["utility_vs_kl"] = str(plot_utility_vs_kl(rows, curve, out_dir / "utility_vs_kl.png", ev.baseline))
-    history = _goodhart_history(cfg)
+    history = _goodhart_history(goodhart_folder)
     if history is not None:
         hist, source = history
         plots["goodhart"] = str(plot_goodhart(
@@ -305,12 +355,12 @@ def run_eval(cfg, out_dir: Path) -> dict:
     results = {"prompts": len(prompts), "n_samples": ev.n_samples, "sampling": sampling.__dict__,
                "judge": getattr(judge, "__name__", type(judge).__name__), "baseline": ev.baseline,
                "policies": policies, "rows": rows, "bon_curve": [{"n": n, "kl": k, "gold": g} for n, k, g in curve]}
-    if ev.get("audit"):  # the high-reward audit and the counterfactual table of every policy (audit.md, ...)
+    if ev.audit:  # the high-reward audit and the counterfactual table of every policy (audit.md, ...)
         results["counterfactual"] = _audits(evaluated, prompts, reward_model, tokenizer, calibration, judge, ev,
-                                            out_dir, cfg.seed)
+                                            out_dir, seed)
     atomic_write_text(out_dir / "eval_results.json", json.dumps(results, indent=2, default=list) + "\n")
-    if cfg.get("logger"):
-        _log(instantiate(cfg.logger), rows, plots, cfg)
+    if logger is not None:
+        _log(logger, rows, plots, hyperparams or {})
     return {"table": str(md), "csv": str(csv_path), "results": str(out_dir / "eval_results.json"), "plots": plots,
             "table_markdown": md.read_text(), **{f"gold/{r['policy']}": r.get("gold") for r in rows},
             "export": str(out_dir)}
@@ -328,25 +378,22 @@ def _audits(evaluated, prompts, reward_model, tokenizer, calibration, judge, ev,
         return [calibration.normalise(v) for v in values] if calibration is not None else values
 
     pointwise = None if is_pairwise(judge) else (lambda records, texts: score_responses(judge, records, texts))
-    return write_policy_audits(evaluated, prompts, score, pointwise, int(ev.audit.top_k), ev.audit.get("max_samples"),
+    return write_policy_audits(evaluated, prompts, score, pointwise, int(ev.audit.top_k), ev.audit.max_samples,
                                out_dir, seed)
 
 
-def _goodhart_history(cfg) -> tuple[dict, str] | None:
-    stage = cfg.eval.get("goodhart_stage")
-    if not stage or stage not in cfg.deps:
+def _goodhart_history(folder: str | None) -> tuple[dict, str] | None:
+    if not folder:
         return None
-    found = sorted(Path(cfg.deps[stage]).rglob("heldout_history.json"))
+    found = sorted(Path(folder).rglob("heldout_history.json"))
     if not found:
         return None
     history = json.loads(found[0].read_text())
     return (history, str(found[0])) if history.get("history") else None
 
 
-def _log(logger, rows: Sequence[dict], plots: dict, cfg) -> None:
-    from omegaconf import OmegaConf
-
-    logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+def _log(logger, rows: Sequence[dict], plots: dict, hyperparams: dict) -> None:
+    logger.log_hyperparams(hyperparams)
     for row in rows:
         logger.log_metrics({f"eval/{row['policy']}/{k}": v for k, v in row.items()
                             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)})

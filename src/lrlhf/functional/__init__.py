@@ -6,7 +6,7 @@ the tensor shapes and which positions a mask marks valid; see the README for the
 """
 
 from lrlhf.functional.advantages import gae, grpo_advantages, rloo_advantages
-from lrlhf.functional.ensemble import (
+from lrlhf.functional.ensemble_rules import (
     EnsembleCombine,
     EnsembleMean,
     MeanMinusStd,

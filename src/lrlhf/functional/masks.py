@@ -103,7 +103,7 @@ def masked_whiten(
 class ResponseMasks(NamedTuple):
     """Masks of a batch of sampled responses, built from the sampled token ids.
 
-    One reward slot per sampled action, the seed's convention (see README): actions are the response tokens
+    One reward slot per sampled action (README, `lrlhf.functional` conventions): actions are the response tokens
     up to and including the first EOS.
 
     Fields (``B`` rows, ``R`` generated positions):

@@ -3,7 +3,7 @@ evaluation read it like a single reward model).
 
 The folder holds ``reward_ensemble.json``: the member folders (each a :meth:`RewardModule.export` folder, named
 relative to the ensemble folder, so a stage folder moves as a whole), the default combination rule
-(:mod:`lrlhf.functional.ensemble`, by ``_target_``) and an identity ``reward_calibration.json``: every member is
+(:mod:`lrlhf.functional.ensemble_rules`, by ``_target_``) and an identity ``reward_calibration.json``: every member is
 normalised by its own calibration inside the ensemble, so the combined score needs none on top.
 :func:`lrlhf.models.load_reward_model` on such a folder returns a :class:`RewardEnsembleModel`.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from lrlhf.functional.ensemble import EnsembleCombine, EnsembleMean, disagreement
+from lrlhf.functional.ensemble_rules import EnsembleCombine, EnsembleMean, disagreement
 
 ENSEMBLE_FILE = "reward_ensemble.json"
 
@@ -54,8 +54,8 @@ def combine_from_spec(spec: dict, where: str) -> EnsembleCombine:
 class RewardEnsembleModel(nn.Module):
     """N frozen reward models scoring the same token ids (one tokenizer), each normalised by its own calibration.
 
-    :meth:`member_scores` gives the ``(N, B)`` calibrated scores; :meth:`score` combines them with ``combine``
-    and keeps the last call's per-sample disagreement (the members' std) in :attr:`last_disagreement`.
+    :meth:`member_scores` gives the ``(N, B)`` calibrated scores; :meth:`score` combines them with ``combine``;
+    :meth:`score_and_disagreement` returns the per-sample disagreement (the members' std) with the combined score.
     """
 
     def __init__(self, members: Sequence[nn.Module], calibrations: Sequence, combine: EnsembleCombine | None = None):
@@ -69,7 +69,6 @@ class RewardEnsembleModel(nn.Module):
         index = getattr(self.combine, "index", None)  # SingleMember: a member that exists
         if index is not None and not 0 <= index < len(members):
             raise ValueError(f"{self.combine.describe()}: the ensemble has {len(members)} members")
-        self.last_disagreement: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.members)
@@ -84,9 +83,13 @@ class RewardEnsembleModel(nn.Module):
 
     def score(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """``(B,)`` the combined score."""
+        return self.combine(self.member_scores(input_ids, attention_mask))
+
+    def score_and_disagreement(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """``(B,)`` the combined score and ``(B,)`` the members' disagreement (their std, detached)."""
         scores = self.member_scores(input_ids, attention_mask)
-        self.last_disagreement = disagreement(scores).detach()
-        return self.combine(scores)
+        spread = disagreement(scores).detach()
+        return self.combine(scores), spread
 
 
 def _file_digest(path: Path) -> str | None:

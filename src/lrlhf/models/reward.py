@@ -4,7 +4,7 @@ A reward-model folder holds the merged backbone (a transformers checkpoint), the
 the tokenizer, the calibration (``reward_calibration.json``, :class:`RewardCalibration`) and, for a LoRA reward
 model, its adapter alone in ``adapter/``. :func:`load_reward_model` reads it as a stand-alone
 :class:`~lrlhf.models.ScalarModel`; :func:`attach_reward_adapter` puts the ``reward`` adapter and head on the
-policy's own base instead of a second copy of the weights. Training lives in :mod:`lrlhf.modules.reward`.
+policy's own base instead of a second copy of the weights. Training lives in :mod:`lrlhf.modules.rm`.
 """
 
 from __future__ import annotations

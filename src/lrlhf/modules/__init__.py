@@ -2,8 +2,9 @@
 
 from lrlhf.modules.dpo import DPOConfig, DPOModule
 from lrlhf.modules.kto import KTOConfig, KTOModule
-from lrlhf.modules.ppo import PPOConfig, PPOModule, RewardAdapter, RewardEnsemble, Rollout
-from lrlhf.modules.reward import (
+from lrlhf.modules.ppo import PPOConfig, PPOModule, Rollout
+from lrlhf.modules.rewards import FrozenRewardModel, FunctionReward, RewardAdapter, RewardEnsemble, RewardSource
+from lrlhf.modules.rm import (
     RewardCalibration,
     RewardConfig,
     RewardModule,
@@ -12,7 +13,6 @@ from lrlhf.modules.reward import (
     load_calibration,
     load_reward_model,
 )
-from lrlhf.modules.rewards import FunctionReward
 from lrlhf.modules.sft import SFTConfig, SFTModule
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "DPOModule",
     "KTOConfig",
     "KTOModule",
+    "FrozenRewardModel",
     "FunctionReward",
     "PPOConfig",
     "PPOModule",
@@ -28,6 +29,7 @@ __all__ = [
     "RewardEnsemble",
     "RewardConfig",
     "RewardModule",
+    "RewardSource",
     "Rollout",
     "SFTConfig",
     "SFTModule",

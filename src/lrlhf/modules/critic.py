@@ -11,6 +11,9 @@ Three kinds, one interface (:class:`Critic`), so the module has no per-kind bran
 - :class:`ValueModel`: a separate :class:`ScalarModel` trained whole (e.g. initialised from the reward model).
 
 The settings that mean something only with a critic live here: ``vf_coef``, ``value_clip_eps``, the head's init.
+A critic is given what it reads at each call: the policy's peft model and ``use_adapter`` (the module's adapter
+switch, ``use_adapter(name)`` makes ``name`` the active adapter), or the module's own forwards (``policy_forward``,
+``value_forward``) where it runs them.
 """
 
 from __future__ import annotations
@@ -68,14 +71,18 @@ class Critic(nn.Module):
         """A head the sampler applies to its own hidden states (the old values come with the sampling), or None."""
         return None
 
-    def values(self, ppo, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cols: slice) -> Tensor:
-        """``(B, R)`` values at the columns ``cols`` of the sequences (the states in which the actions are chosen)."""
+    def values(self, model: nn.Module, use_adapter, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+               cols: slice) -> Tensor:
+        """``(B, R)`` values at the columns ``cols`` of the sequences (the states in which the actions are chosen);
+        ``model`` is the policy's peft model, ``use_adapter(name)`` its adapter switch."""
         raise NotImplementedError
 
-    def with_policy_pass(self, ppo, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor):
-        """``(logprobs, logits, values)`` of a minibatch: :meth:`PPOModule.policy_forward`, then the values."""
-        logprobs, logits = ppo.policy_forward(query_ids, query_mask, response_ids)
-        return logprobs, logits, ppo.value_forward(query_ids, query_mask, response_ids)
+    def with_policy_pass(self, model: nn.Module, policy_forward, value_forward, query_ids: Tensor,
+                         query_mask: Tensor, response_ids: Tensor):
+        """``(logprobs, logits, values)`` of a minibatch: ``policy_forward`` (:meth:`PPOModule.policy_forward`),
+        then ``value_forward`` (:meth:`PPOModule.value_forward`)."""
+        logprobs, logits = policy_forward(query_ids, query_mask, response_ids)
+        return logprobs, logits, value_forward(query_ids, query_mask, response_ids)
 
     def settings(self) -> dict:
         """The constructor's arguments, as the module's hyperparameters record them."""
@@ -103,14 +110,15 @@ class _HeadOnBase(Critic):
     def settings(self) -> dict:
         return {**super().settings(), "zero_init_head": self.zero_init_head}
 
-    def values(self, ppo, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cols: slice) -> Tensor:
-        ppo.use_adapter(self.trunk_adapter)
+    def values(self, model: nn.Module, use_adapter, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+               cols: slice) -> Tensor:
+        use_adapter(self.trunk_adapter)
         try:
-            hidden = decoder(ppo.model)(
+            hidden = decoder(model)(
                 input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
             ).last_hidden_state
         finally:
-            ppo.use_adapter(POLICY)
+            use_adapter(POLICY)
         return self.head(hidden[:, cols])
 
 
@@ -152,17 +160,18 @@ class SharedTrunk(_HeadOnBase):
     def sampling_head(self) -> ScalarHead | None:
         return self.head
 
-    def with_policy_pass(self, ppo, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor):
+    def with_policy_pass(self, model: nn.Module, policy_forward, value_forward, query_ids: Tensor,
+                         query_mask: Tensor, response_ids: Tensor):
         """One trunk pass: the head reads the policy forward's last hidden states at the value columns."""
-        with capture_trunk_output(ppo.model) as trunk:
-            logprobs, logits = ppo.policy_forward(query_ids, query_mask, response_ids)
+        with capture_trunk_output(model) as trunk:
+            logprobs, logits = policy_forward(query_ids, query_mask, response_ids)
         prompt_len, resp_len = query_ids.shape[1], response_ids.shape[1]
         return logprobs, logits, self.head(trunk["hidden"][:, prompt_len - 1:prompt_len + resp_len - 1])
 
 
 class ValueModel(Critic):
     """A separate value model, trained whole: a :class:`ScalarModel`, or the folder of a reward model's export
-    (:func:`lrlhf.modules.reward.load_reward_model`; its head is then the starting value head).
+    (:func:`lrlhf.models.reward.load_reward_model`; its head is then the starting value head).
 
     Args:
         model: the model or the folder (loaded in :meth:`build`).
@@ -177,11 +186,12 @@ class ValueModel(Critic):
 
     def build(self, base: nn.Module) -> None:
         if self.model is None:
-            from lrlhf.modules.reward import load_reward_model
+            from lrlhf.models.reward import load_reward_model
 
             self.model = load_reward_model(self.source).requires_grad_(True)
 
-    def values(self, ppo, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor, cols: slice) -> Tensor:
+    def values(self, model: nn.Module, use_adapter, input_ids: Tensor, attention_mask: Tensor, position_ids: Tensor,
+               cols: slice) -> Tensor:
         return self.model(input_ids, attention_mask, position_ids=position_ids)[:, cols]
 
     def settings(self) -> dict:

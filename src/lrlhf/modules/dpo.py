@@ -8,8 +8,8 @@ data order or truncation.
 
 Batches are padded pair batches of :class:`lrlhf.data.PreferenceDataModule`: ``2B`` rows, chosen ``[0, B)`` then
 rejected ``[B, 2B)``, ``loss_mask`` on the completion tokens, ``pair_targets`` (B,) = P(chosen wins); or their
-prefix-shared form (:mod:`lrlhf.data.sharing`: one row per pair, the prompt encoded once, the same sums). The steps
-of :meth:`DPOModule.training_step`:
+prefix-shared form (:mod:`lrlhf.data.shared_batches`: one row per pair, the prompt encoded once, the same sums).
+The steps of :meth:`DPOModule.training_step`:
 
 1. one policy forward over all ``2B`` rows; summed completion log-probs (:meth:`sequence_logprobs`);
 2. one no-grad reference forward over the same rows (:meth:`reference_logprobs`);
@@ -29,9 +29,9 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from lrlhf.data.sharing import is_shared, unshare_batch
+from lrlhf.data.shared_batches import is_shared, unshare_batch
 from lrlhf.functional import DPOStats, dpo_loss
-from lrlhf.functional.sharing import shared_logprob_sums
+from lrlhf.functional.prefix_sharing import shared_logprob_sums
 from lrlhf.models import (
     LoraSpec,
     ModelConfig,
@@ -42,7 +42,7 @@ from lrlhf.models import (
     load_tokenizer,
     reference_mode,
 )
-from lrlhf.models.sharing import can_share, shared_inputs
+from lrlhf.models.shared_inputs import can_share, shared_inputs
 from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
 from lrlhf.modules.sft import ExportPaths
 from lrlhf.modules.stage import StageOutputs
@@ -135,8 +135,8 @@ class DPOModule(StageOutputs, pl.LightningModule):
         """Summed log-probs of each row's completion under the active model, in ONE forward over ``2B`` rows.
 
         ``logits[:, t]`` predicts ``input_ids[:, t + 1]`` and ``loss_mask[:, t + 1]`` marks it a target, so both
-        shift by one (as in SFT). A prefix-shared batch (:mod:`lrlhf.data.sharing`) runs one row per pair and
-        gives the same sums (:func:`lrlhf.functional.sharing.shared_logprob_sums`). Differentiable unless called
+        shift by one (as in SFT). A prefix-shared batch (:mod:`lrlhf.data.shared_batches`) runs one row per pair and
+        gives the same sums (:func:`lrlhf.functional.prefix_sharing.shared_logprob_sums`). Differentiable unless called
         under ``no_grad``.
         """
         if "pair_targets" not in batch or not ("attention_mask" in batch or is_shared(batch)):

@@ -106,81 +106,103 @@ def check_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor, precision:
 
 
 @torch.no_grad()
-def sampler_self_check(module, query_ids: Tensor, query_mask: Tensor, precision: Precision,
-                       tolerance: float | None, rows: int = 4, max_new_tokens: int = 8, seed: int = 0) -> dict:
-    """Sample ``rows`` prompts with ``module``'s sampler (:meth:`PPOModule.sample`, its own RNG stream: the caller's
-    is left as it was) and compare the sampled tokens' log-probs with a teacher-forced
-    :meth:`PPOModule.policy_forward` under the current precision; the sampler itself checks that decoding fills its
-    KV cache. A sampler that returns no log-probs is not checked. Returns the statistics."""
+def sampler_self_check(sample, policy_forward, eos_token_ids, pad_token_id: int, query_ids: Tensor,
+                       query_mask: Tensor, precision: Precision, tolerance: float | None, rows: int = 4,
+                       max_new_tokens: int = 8, seed: int = 0) -> dict:
+    """Sample ``rows`` prompts with ``sample`` (:meth:`PPOModule.sample`, its own RNG stream: the caller's is left
+    as it was) and compare the sampled tokens' log-probs with a teacher-forced ``policy_forward``
+    (:meth:`PPOModule.policy_forward`) under the current precision; the sampler itself checks that decoding fills
+    its KV cache. A sampler that returns no log-probs is not checked. Returns the statistics."""
     from lrlhf.functional import response_masks
 
     query_ids, query_mask = query_ids[:rows], query_mask[:rows]
     device = query_ids.device
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
-        ids, logprobs = module.sample(query_ids, query_mask, max_new_tokens)[:2]
+        ids, logprobs = sample(query_ids, query_mask, max_new_tokens)[:2]
     if logprobs is None:  # the old logprobs come from a scoring forward: the first-update ratio guard still runs
         return {"actions": 0}
-    mask = response_masks(ids, module.eos_token_ids, module.pad_token_id).action_mask
-    forward = module.policy_forward(query_ids, query_mask, ids)[0]
+    mask = response_masks(ids, eos_token_ids, pad_token_id).action_mask
+    forward = policy_forward(query_ids, query_mask, ids)[0]
     return check_ratio(forward, logprobs, mask, precision, tolerance,
                        "in the sampler self-check (the sampler's log-probs against a teacher-forced forward)")
 
 
+def on_every_rank(check, *args) -> dict | None:
+    """``check(*args)`` (raising :class:`InvariantError`) on every rank; when it fails on any, every rank stops
+    (a rank left running would wait for the others in a collective)."""
+    error, stats = None, None
+    try:
+        stats = check(*args)
+    except InvariantError as exc:
+        error = exc
+    if any_across_ranks(error is not None):
+        raise error or InvariantError("PPO invariant broken on another rank (see its error); every rank stops")
+    return stats
+
+
 class PPOGuards:
-    """The guards' side of :class:`~lrlhf.modules.PPOModule` (a mixin): the run's precision, the old-logprob
-    recompute it implies, and the checks every rank runs together."""
+    """The guards of one PPO run, held by :class:`~lrlhf.modules.PPOModule` as ``guards``: the precision the policy
+    computes in (resolved once per fit), the old-logprob recompute it implies, and the checks every rank runs
+    together, each given what it checks.
 
-    @property
-    def compute_precision(self) -> Precision:
-        """The precision the policy computes in (:func:`run_precision`), resolved once per fit."""
-        if self._precision is None:
-            self._precision = run_precision(self._trainer, self.model)
-            if self.config.recompute_old_logprobs is None and self._precision.reduced:
-                rank_zero_info(f"PPO: reduced precision ({self._precision.label}): the old log-probs are recomputed "
+    Args:
+        check_invariants: run the sampler self-check and the first-update ratio guard (``module.config``).
+        first_ratio_tolerance: their bound on the mean ``|ratio - 1|``; None = by precision.
+        recompute_old_logprobs: ``module.config.recompute_old_logprobs``; None = by precision.
+    """
+
+    def __init__(self, check_invariants: bool, first_ratio_tolerance: float | None,
+                 recompute_old_logprobs: bool | None):
+        self.check_invariants, self.first_ratio_tolerance = check_invariants, first_ratio_tolerance
+        self.recompute_setting = recompute_old_logprobs
+        self.precision: Precision | None = None  # resolved once per fit
+        self.self_check_pending = True  # the sampler self-check runs once per fit, before the first rollout
+
+    def start_fit(self) -> None:
+        """Forget the last fit's precision and arm the sampler self-check again."""
+        self.precision, self.self_check_pending = None, True
+
+    def resolve_precision(self, trainer, model) -> Precision:
+        """The precision ``model`` computes in under ``trainer`` (:func:`run_precision`), resolved once per fit;
+        says so when it turns the old-logprob recompute on."""
+        if self.precision is None:
+            self.precision = run_precision(trainer, model)
+            if self.recompute_setting is None and self.precision.reduced:
+                rank_zero_info(f"PPO: reduced precision ({self.precision.label}): the old log-probs are recomputed "
                                "by a full forward (module.config.recompute_old_logprobs=null means on here)")
-        return self._precision
+        return self.precision
 
-    @property
-    def recompute_old_logprobs(self) -> bool:
-        """``module.config.recompute_old_logprobs``, or by precision when None (on under reduced precision)."""
-        setting = self.config.recompute_old_logprobs
-        return self.compute_precision.reduced if setting is None else setting
+    def recompute_old_logprobs(self, precision: Precision) -> bool:
+        """The setting, or by ``precision`` when None (on under reduced precision)."""
+        return precision.reduced if self.recompute_setting is None else self.recompute_setting
 
-    def _guard(self, check, *args) -> dict | None:
-        """``check(*args)`` (raising :class:`InvariantError`) on every rank; when it fails on any, every rank stops
-        (a rank left running would wait for the others in a collective)."""
-        error, stats = None, None
-        try:
-            stats = check(*args)
-        except InvariantError as exc:
-            error = exc
-        if any_across_ranks(error is not None):
-            raise error or InvariantError("PPO invariant broken on another rank (see its error); every rank stops")
-        return stats
+    def check_sampler(self, sample, policy_forward, eos_token_ids, pad_token_id: int, batch: dict,
+                      precision: Precision) -> None:
+        """Once per fit, before the first rollout: :func:`sampler_self_check` on the batch's first prompts."""
+        self.self_check_pending = False
+        if self.check_invariants:
+            on_every_rank(sampler_self_check, sample, policy_forward, eos_token_ids, pad_token_id,
+                          batch["input_ids"], batch["attention_mask"], precision, self.first_ratio_tolerance)
 
-    def _first_ratio_guard(self, logprobs: Tensor, old_logprobs: Tensor, action_mask: Tensor) -> float | None:
-        """:func:`check_ratio` on the first minibatch of a rollout (before its first step); the mean deviation."""
-        return self._guard(check_ratio, logprobs, old_logprobs, action_mask, self.compute_precision,
-                           self.config.first_ratio_tolerance,
-                           f"at rollout {self.rollouts_done} (first minibatch, before its first optimiser step)"
-                           ).get("mean")
+    def first_ratio(self, logprobs: Tensor, old_logprobs: Tensor, action_mask: Tensor, precision: Precision,
+                    rollout: int) -> float | None:
+        """:func:`check_ratio` on the first minibatch of rollout ``rollout`` (before its first step); the mean
+        deviation (None when the checks are off or the minibatch has no action)."""
+        if not self.check_invariants:
+            return None
+        return on_every_rank(check_ratio, logprobs, old_logprobs, action_mask, precision, self.first_ratio_tolerance,
+                             f"at rollout {rollout} (first minibatch, before its first optimiser step)").get("mean")
 
-    def _check_loss(self, loss: Tensor, minibatch: int) -> None:
+    @staticmethod
+    def check_loss(loss: Tensor, rollout: int, minibatch: int) -> None:
         """Stop before the optimiser step on a non-finite minibatch loss (no poisoned weights are kept)."""
         if not torch.isfinite(loss):
             raise FloatingPointError(
-                f"ppo: non-finite loss ({loss.item()}) at rollout {self.rollouts_done}, minibatch {minibatch}; "
+                f"ppo: non-finite loss ({loss.item()}) at rollout {rollout}, minibatch {minibatch}; "
                 "stopping before the optimiser step (no poisoned weights are kept)"
             )
 
-    def _self_check(self, batch: dict) -> None:
-        """Once per fit, before the first rollout: :func:`sampler_self_check` on the batch's first prompts."""
-        self._self_check_pending = False
-        if self.config.check_invariants:
-            self._guard(sampler_self_check, self, batch["input_ids"], batch["attention_mask"],
-                        self.compute_precision, self.config.first_ratio_tolerance)
 
-
-__all__ = ["RATIO_TOLERANCE", "InvariantError", "PPOGuards", "Precision", "check_ratio", "ratio_deviation",
-           "run_precision", "sampler_self_check"]
+__all__ = ["RATIO_TOLERANCE", "InvariantError", "PPOGuards", "Precision", "check_ratio", "on_every_rank",
+           "ratio_deviation", "run_precision", "sampler_self_check"]

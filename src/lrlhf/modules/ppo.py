@@ -2,10 +2,13 @@
 
 Roles (``docs/architecture.md``): **policy** = the merged SFT base (frozen) + LoRA adapter ``policy``;
 **reference** = the same base with every adapter disabled; **value** = the critic (``module.critic``,
-:mod:`lrlhf.modules.critic`); **reward** = a frozen :class:`ScalarModel` or its ``reward`` adapter on the policy's
-base (:class:`RewardAdapter`), with an optional frozen calibration. The advantage estimator (``module.advantage``,
-:mod:`lrlhf.modules.advantages`: GAE = PPO, RLOO, GRPO), the critic and the KL controller (``module.kl_controller``,
-owned and checkpointed here) are objects chosen by ``_target_``.
+:mod:`lrlhf.modules.critic`); **reward** = a reward source (``module.reward_model``, :mod:`lrlhf.modules.rewards`: a
+frozen :class:`ScalarModel`, its ``reward`` adapter on the policy's base, an ensemble, a program), with an optional
+frozen calibration. The advantage estimator (``module.advantage``, :mod:`lrlhf.modules.advantages`: GAE = PPO, RLOO,
+GRPO), the critic and the KL controller (``module.kl_controller``, owned and checkpointed here) are objects chosen by
+``_target_``. Two collaborators built from the config do the plumbing, named at each call: ``guards``
+(:class:`~lrlhf.modules.guards.PPOGuards`: precision, sampler self-check, first-update ratio, finite loss) and
+``sharing`` (:class:`~lrlhf.modules.group_sharing.GroupSharing`: the group estimators' prefix-shared forwards).
 
 One Trainer batch of prompts is one rollout and its update epochs (manual optimisation), in the numbered steps of
 :meth:`training_step` and :meth:`make_rollout`. ``global_step`` counts optimiser steps (``updates_per_rollout``).
@@ -16,7 +19,6 @@ The logits and the value of action ``t`` of ``prompt (P columns, left-padded) + 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -24,7 +26,6 @@ import lightning.pytorch as pl
 import torch
 from torch import Tensor, nn
 
-from lrlhf.data.records import PromptExample, SFTExample
 from lrlhf.functional import (
     FixedKLController,
     KLController,
@@ -38,56 +39,39 @@ from lrlhf.functional import (
     token_logprobs,
     value_loss,
 )
-from lrlhf.models import (
-    ModelConfig,
-    ScalarModel,
-    add_adapters,
-    load_adapter_weights,
-    load_causal_lm,
-    load_reward_ensemble,
-    load_tokenizer,
-)
+from lrlhf.models import ModelConfig, ScalarModel, add_adapters, load_adapter_weights, load_causal_lm, load_tokenizer
 from lrlhf.models import reference_mode as _reference_mode
-from lrlhf.models.generation import as_prompt, eos_token_ids, sample_with_logprobs
+from lrlhf.models.generation import eos_token_ids, sample_with_logprobs
+from lrlhf.models.reward import RewardCalibration, load_calibration
 from lrlhf.modules.advantages import GAE, AdvantageEstimator
 from lrlhf.modules.critic import POLICY, Critic, ValueAdapter
 from lrlhf.modules.group_sharing import GroupSharing
-from lrlhf.modules.guards import PPOGuards
+from lrlhf.modules.guards import PPOGuards, Precision
 from lrlhf.modules.ppo_config import MOVED_KEYS, PPOConfig, component_settings
 from lrlhf.modules.ppo_stage import PPOStage
-from lrlhf.modules.reward import RewardCalibration, attach_reward_adapter, load_calibration, load_reward_model
-from lrlhf.modules.rollout import (
-    RewardAdapter,
-    RewardEnsemble,
-    Rollout,
-    Sampled,
-    check_finite,
-    log_synced,
-    rollout_stats,
-    row_chunks,
-    sequence_inputs,
-)
-from lrlhf.modules.samples import log_table, sample_table
+from lrlhf.modules.rewards import RewardAdapter, RewardEnsemble, RewardScores, RewardSource, reward_source
+from lrlhf.modules.rollout import Rollout, Sampled, check_finite, log_synced, rollout_stats, row_chunks, sequence_inputs
 from lrlhf.strategies import full_params_for_generation
 from lrlhf.utils.distributed import any_across_ranks, forward_is_collective, global_weighted_mean, seed_rank_stream
 from lrlhf.utils.errors import InvariantError
 
 
-class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
+class PPOModule(PPOStage, pl.LightningModule):
     """PPO with LoRA roles on one frozen base (see the module docstring).
 
     Args:
         policy: the SFT model: a :class:`ModelConfig` (loaded in :meth:`configure_model`) or a plain causal LM.
-        reward_model: a frozen :class:`ScalarModel`, the folder of :meth:`RewardModule.export`, a
-            :class:`RewardAdapter` (the RM's LoRA adapter on the policy's base), or a :class:`RewardEnsemble` (an
-            ensemble folder and its combination rule); it scores the policy's token ids.
+        reward_model: a reward source (:mod:`lrlhf.modules.rewards`: ``build`` and ``score``; a
+            :class:`RewardAdapter`, the RM's LoRA adapter on the policy's base; a :class:`RewardEnsemble`, an
+            ensemble folder and its combination rule; a :class:`~lrlhf.modules.rewards.FunctionReward`), or a frozen
+            :class:`ScalarModel` or the folder of :meth:`RewardModule.export` (a
+            :class:`~lrlhf.modules.rewards.FrozenRewardModel`).
         tokenizer: loaded from the ``ModelConfig`` when None. config: :class:`PPOConfig` or a dict of its fields.
         calibration: frozen ``(r - mean) / std`` of the RM scores, or a path to it, or a
             :class:`~lrlhf.modules.calibration.ReferenceSamples` measured before the first update; None = raw scores.
         advantage: an :class:`~lrlhf.modules.advantages.AdvantageEstimator`; None = ``GAE()``.
         critic: a :class:`~lrlhf.modules.critic.Critic`; None = a ``ValueAdapter()`` if the estimator needs one.
         kl_controller: a :class:`~lrlhf.functional.KLController`; None = ``FixedKLController()`` (beta 0.05).
-        sample_prompts: fixed prompts of the sample table.
         init_adapter: a saved ``policy`` adapter (a PPO stage's ``export/adapter``) the policy starts from instead
             of zero, e.g. the previous round of iterative RLHF; the reference stays the base (adapters off).
 
@@ -98,14 +82,13 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
     def __init__(
         self,
         policy: ModelConfig | nn.Module,
-        reward_model: ScalarModel | RewardAdapter | RewardEnsemble | str | Path,
+        reward_model: RewardSource | ScalarModel | str | Path,
         tokenizer=None,
         config: PPOConfig | dict | None = None,
         calibration: RewardCalibration | str | Path | None = None,
         advantage: AdvantageEstimator | None = None,
         critic: Critic | None = None,
         kl_controller: KLController | None = None,
-        sample_prompts: Sequence[PromptExample | SFTExample] | None = None,
         init_adapter: str | Path | None = None,
     ):
         super().__init__()
@@ -118,26 +101,26 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         self.model_config = policy if isinstance(policy, ModelConfig) else None
         self.model: nn.Module | None = None
         self._policy_module = None if self.model_config is not None else policy
-        self.reward_model: ScalarModel | None = reward_model if isinstance(reward_model, nn.Module) else None
-        self._reward_source = None if self.reward_model is not None else reward_model
-        #: a reward computed by a program (:class:`~lrlhf.modules.rewards.FunctionReward`: anything with build()),
-        #: called by :meth:`score` instead of a reward model's forward
-        self.reward_fn = reward_model if hasattr(reward_model, "build") else None
+        #: the reward source (:mod:`lrlhf.modules.rewards`), built in :meth:`configure_model`, called by :meth:`score`
+        self.reward: RewardSource = reward_source(reward_model)
+        #: the frozen module it scores with (None for a program), registered here: the checkpoint's frozen part
+        self.reward_model: nn.Module | None = reward_model if isinstance(reward_model, nn.Module) else None
+        self._reward_source = None if self.reward_model is not None else reward_model  # (the checkpoint's record)
         self.calibration = load_calibration(calibration) if isinstance(calibration, (str, Path)) else calibration
         self.calibration_spec = calibration if hasattr(calibration, "measure") else None  # measured in the run
         self.critic = critic if critic is not None or not self.advantage.needs_critic else ValueAdapter()
         self.kl_controller = kl_controller if kl_controller is not None else FixedKLController()
-        self.check_sharing()
+        cfg = self.config
+        self.sharing = GroupSharing(cfg.prefix_sharing, self.advantage.samples_per_prompt, cfg.minibatch_size,
+                                    has_critic=self.critic is not None)
+        self.guards = PPOGuards(cfg.check_invariants, cfg.first_ratio_tolerance, cfg.recompute_old_logprobs)
         if tokenizer is None and self.model_config is not None:
             tokenizer = load_tokenizer(self.model_config)
         self.tokenizer = tokenizer
-        self.sample_prompts = [as_prompt(p) for p in (sample_prompts or [])]
         self.init_adapter = init_adapter
         self.rollouts_done = 0
-        self._disagreement: list[Tensor] = []  # an ensemble reward's per-sample disagreement, per score() call
-        self.rollout_disagreement: Tensor | None = None  # the last rollout's (take_disagreement)
+        self.rollout_disagreement: Tensor | None = None  # an ensemble reward's per-sample one on the last rollout
         self._adapter_names: set[str] = set()
-        self._precision, self._self_check_pending = None, True
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling),
                    **{k: component_settings(getattr(self, k)) for k in ("advantage", "critic", "kl_controller")}}
         if self.model_config is not None:
@@ -163,14 +146,7 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         self.use_adapter(POLICY)
         if self.tokenizer is None:
             raise ValueError("PPOModule needs a tokenizer (pass one with a ready model)")
-        if self.reward_fn is not None:
-            self.reward_fn.build(self)  # a program: it decodes with the tokenizer
-        elif isinstance(self._reward_source, RewardAdapter):
-            self.reward_model = attach_reward_adapter(self.model, self._reward_source.path)
-        elif isinstance(self._reward_source, RewardEnsemble):
-            self.reward_model = load_reward_ensemble(self._reward_source.path, self._reward_source.combine)
-        elif self.reward_model is None:
-            self.reward_model = load_reward_model(self._reward_source)
+        self.reward_model = self.reward.build(self.model, self.tokenizer)
         if self.reward_model is not None:
             self.reward_model.requires_grad_(False).eval()
         pad = self.tokenizer.pad_token_id
@@ -185,6 +161,11 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
             if n in self._adapter_names:
                 p.requires_grad_(True)
 
+    @property
+    def compute_precision(self) -> Precision:
+        """The precision the policy computes in, resolved once per fit by the guards."""
+        return self.guards.resolve_precision(self._trainer, self.model)
+
     def updates_per_rollout(self, n_prompts: int) -> int:
         """Optimiser steps one rollout of ``n_prompts`` prompts makes."""
         rows = n_prompts * self.advantage.samples_per_prompt
@@ -196,7 +177,7 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
     def _response_logits(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> Tensor:
         """``(B, R, V)`` logits predicting each response token: columns ``P - 1 .. P + R - 2`` (or a group
         estimator's prompt encoded once for its k samples, :mod:`lrlhf.modules.group_sharing`)."""
-        shared = self.shared_response_logits(query_ids, query_mask, response_ids)
+        shared = self.sharing.response_logits(self.model, query_ids, query_mask, response_ids)
         if shared is not None:
             return shared
         input_ids, attention_mask, position_ids = self._sequence(query_ids, query_mask, response_ids)
@@ -226,14 +207,15 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         if self.critic is None:
             return torch.zeros(response_ids.shape, device=response_ids.device)
         prompt_len, resp_len = query_ids.shape[1], response_ids.shape[1]
-        return self.critic.values(self, *self._sequence(query_ids, query_mask, response_ids),
+        return self.critic.values(self.model, self.use_adapter, *self._sequence(query_ids, query_mask, response_ids),
                                   slice(prompt_len - 1, prompt_len + resp_len - 1))
 
     def policy_value_forward(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor):
         """``(logprobs, logits, values)`` of a minibatch (values None without a critic), as the critic runs them."""
         if self.critic is None:
             return (*self.policy_forward(query_ids, query_mask, response_ids), None)
-        return self.critic.with_policy_pass(self, query_ids, query_mask, response_ids)
+        return self.critic.with_policy_pass(self.model, self.policy_forward, self.value_forward, query_ids, query_mask,
+                                            response_ids)
 
     # ------------------------------------------------------------------------------ hooks to override
     @torch.no_grad()
@@ -264,18 +246,18 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
 
     @torch.no_grad()
     def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks) -> Tensor:
-        """``(B,)`` raw RM scores of prompt + response cut at the stop: the attention mask is the prompt mask then
-        the action mask, so the RM reads its score at the EOS, or the last token of a truncated response. A reward
-        computed by a program (``reward_fn``) scores the decoded texts instead."""
-        if self.reward_fn is not None:
-            return self.reward_fn(query_ids, query_mask, response_ids, masks)
-        input_ids = torch.cat([query_ids, response_ids], dim=1)
-        attention_mask = torch.cat([query_mask, masks.action_mask.to(query_mask.dtype)], dim=1)
-        scores = self.reward_model.score(input_ids, attention_mask).float()
-        spread = getattr(self.reward_model, "last_disagreement", None)  # an ensemble: its members' std per sample
-        if spread is not None:
-            self._disagreement.append(spread.float())
-        return scores
+        """``(B,)`` raw scores of prompt + response cut at the stop, by the reward source (``self.reward``): a reward
+        model reads its score at the EOS, or the last token of a truncated response; a program scores the texts."""
+        return self.reward.score(query_ids, query_mask, response_ids, masks).scores
+
+    @torch.no_grad()
+    def reward_scores(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
+                      masks: ResponseMasks) -> RewardScores:
+        """:meth:`score` with the reward source's extras (``disagreement``: an ensemble's members' std per sample),
+        what the rollout and the held-out evaluation read. A subclass's :meth:`score` scores alone, no extras."""
+        if type(self).score is not PPOModule.score:
+            return RewardScores(self.score(query_ids, query_mask, response_ids, masks))
+        return self.reward.score(query_ids, query_mask, response_ids, masks)
 
     def compute_rewards(self, raw_scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor,
                         masks: ResponseMasks) -> tuple[Tensor, ShapedRewards]:
@@ -328,19 +310,19 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
     def make_rollout(self, batch: dict) -> Rollout:
         """Steps 1-6: prompts -> a frozen :class:`Rollout`."""
         k = self.advantage.samples_per_prompt
-        self.take_disagreement()  # forget what evaluations scored
         # 1. prompts, each repeated k times (the k samples of a prompt are adjacent rows)
         query_ids = batch["input_ids"].repeat_interleave(k, dim=0)  # (B, P)
         query_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
         # 2. sample (exact ids kept; the sampling log-probs, and a shared trunk's values, with them)
         response_ids, sampled_logprobs, sampled_values = self.sample(query_ids, query_mask)  # (B, R) each
-        if self.recompute_old_logprobs:
+        if self.guards.recompute_old_logprobs(self.compute_precision):
             sampled_logprobs = sampled_values = None
         # 3. masks from the sampled ids
         masks = response_masks(response_ids, self.eos_token_ids, self.pad_token_id)
         # 4. no-grad scoring in micro-batches (policy and value only when sampling gave none)
         parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "values": [], "raw_scores": []}
-        k = self.scoring_group_size()  # chunks of whole groups where sharing may apply, the same count on every rank
+        spread: list[Tensor] = []  # an ensemble reward's disagreement
+        k = self.sharing.scoring_group_size  # chunks of whole groups where sharing may apply, as many on every rank
         for rows in row_chunks(query_ids.shape[0], max(k, self.config.forward_batch_size // k * k)):
             q, qm, r = query_ids[rows], query_mask[rows], response_ids[rows]
             parts["logprobs"].append(self.policy_forward(q, qm, r)[0] if sampled_logprobs is None
@@ -348,9 +330,12 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
             parts["ref_logprobs"].append(self.reference_logprobs(q, qm, r))
             values = self.value_forward(q, qm, r) if sampled_values is None else sampled_values[rows]
             parts["values"].append(values.float())
-            parts["raw_scores"].append(self.score(q, qm, r, ResponseMasks(*(m[rows] for m in masks))))
+            reward = self.reward_scores(q, qm, r, ResponseMasks(*(m[rows] for m in masks)))
+            parts["raw_scores"].append(reward.scores)
+            if reward.disagreement is not None:
+                spread.append(reward.disagreement)
         scored = {name: torch.cat(chunks) for name, chunks in parts.items()}
-        self.rollout_disagreement = self.take_disagreement()  # before step 5 (a calibration measured there scores)
+        self.rollout_disagreement = torch.cat(spread) if spread else None
         values = scored["values"] * masks.action_mask
         # 5. rewards
         scores, shaped = self.compute_rewards(scored["raw_scores"], scored["logprobs"], scored["ref_logprobs"], masks)
@@ -369,7 +354,7 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
     def on_train_start(self) -> None:
         self.model.eval()  # dropout off in rollouts and updates: the first ratio is 1 (up to kernel rounding)
         seed_rank_stream()  # several ranks: each samples its own stream (a no-op in one process)
-        self._precision, self._self_check_pending = None, True
+        self.guards.start_fit()
         self.compute_precision  # noqa: B018 -- resolved (and announced) under the Trainer's precision
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
@@ -377,8 +362,9 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         if batch["input_ids"].shape[0] == 0:
             self.log("rollout/empty_batches", 1.0, batch_size=1)
             return None
-        if self._self_check_pending:
-            self._self_check(batch)
+        if self.guards.self_check_pending:  # once per fit, before the first rollout
+            self.guards.check_sampler(self.sample, self.policy_forward, self.eos_token_ids, self.pad_token_id, batch,
+                                      self.compute_precision)
         # 1-6. rollout
         rollout = self.make_rollout(batch)
         stats = self.rollout_stats(rollout)
@@ -389,18 +375,13 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
             stats.update(self.update(rollout))
         else:
             stats["rollout/skipped_update"] = 1.0  # no action to learn from (every response empty)
-        # 8. log, drive the KL controller, sample table; the rollout is dropped on return
+        # 8. log, drive the KL controller; the rollout is dropped on return
         stats["lr"] = self.optimizers().param_groups[0]["lr"]
         stats["kl/beta"] = float(self.kl_controller.value)
         log_synced(self, stats, batch_size=len(rollout))  # means averaged across ranks, counts summed, maxima maxed
         if not self.in_value_warmup():  # a warm-up rollout's KL is 0 by construction: it says nothing of beta
             self.log_dict(self.update_kl_controller(stats), batch_size=len(rollout))  # the same on every rank
         self.rollouts_done += 1
-        every = self.config.sample_every_n_rollouts
-        if every and self.sample_prompts and self.rollouts_done % every == 0:
-            self.use_adapter(POLICY)
-            log_table(self, "samples", *sample_table(self.model, self.tokenizer, self.sample_prompts,
-                                                     self.config.sampling, self.rollouts_done))
 
     def update(self, rollout: Rollout) -> dict[str, float]:
         """Step 7: ``ppo_epochs`` x shuffled minibatches; returns the mean of each statistic."""
@@ -409,14 +390,15 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
         sums: dict[str, float] = {}
         count, first_deviation, stopped_early = 0, None, False
         critic_only = self.in_value_warmup()  # the critic's warm-up: the policy does not move
-        groups = self.sharing_groups(rollout.query_ids.shape[1], rollout.response_ids.shape[1])
+        groups = self.sharing.groups(self.model, rollout.query_ids.shape[1], rollout.response_ids.shape[1])
         for epoch in range(cfg.ppo_epochs):
-            order = self.minibatch_order(len(rollout), groups, rollout.query_ids.device)  # whole groups if shared
+            order = self.sharing.minibatch_order(len(rollout), groups, rollout.query_ids.device)  # whole groups
             for start in range(0, len(rollout), cfg.minibatch_size):
                 mb = rollout.select(order[start:start + cfg.minibatch_size])
                 logprobs, logits, values = self.policy_value_forward(mb.query_ids, mb.query_mask, mb.response_ids)
-                if epoch == 0 and start == 0 and cfg.check_invariants:  # the weights have not moved yet
-                    first_deviation = self._first_ratio_guard(logprobs, mb.logprobs, mb.action_mask)
+                if epoch == 0 and start == 0:  # the weights have not moved yet: the ratio must be 1
+                    first_deviation = self.guards.first_ratio(logprobs, mb.logprobs, mb.action_mask,
+                                                              self.compute_precision, self.rollouts_done)
                 loss, pstats = self.policy_loss(logprobs, mb.logprobs, mb.advantages, mb.action_mask)
                 # the epoch early stop: the policy moved too far from the sampling one (every rank stops together)
                 if cfg.target_kl is not None and any_across_ranks(float(pstats.approx_kl) > cfg.target_kl):
@@ -436,7 +418,7 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
                     loss = loss + self.critic.vf_coef * vloss
                     step.update({"ppo/value_loss": vloss.detach(), "ppo/value_clipfrac": vstats.clipfrac,
                                  "ppo/value_mean": vstats.value_mean})
-                self._check_loss(loss, count)
+                self.guards.check_loss(loss, self.rollouts_done, count)
                 optimizer.zero_grad()
                 self.manual_backward(loss)
                 if cfg.max_grad_norm is not None:
@@ -469,12 +451,6 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
             stats["reward/ensemble_std"] = float(self.rollout_disagreement.mean())
         return stats
 
-    def take_disagreement(self) -> Tensor | None:
-        """The ensemble reward's per-sample disagreement (the members' std) of every :meth:`score` since the last
-        call, in order, and forget it; None without an ensemble."""
-        spread, self._disagreement = self._disagreement, []
-        return torch.cat(spread) if spread else None
-
     def configure_optimizers(self):
         cfg = self.config
         if cfg.total_steps is None and (cfg.scheduler != "constant" or cfg.warmup_steps):
@@ -489,5 +465,22 @@ class PPOModule(GroupSharing, PPOGuards, PPOStage, pl.LightningModule):
                              f"module.config.scheduler=constant to extend a run")
         return cfg.optimizers(self, total_steps=1)  # constant (or total_steps set): the length is not needed
 
+    # ----------------------------------------------------------------------------------- checkpoint
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Besides the weights: the KL controller's state (beta; its settings are the config's), the rollouts done
+        and a calibration measured in the run."""
+        checkpoint["kl_controller"] = self.kl_controller.state_dict()
+        checkpoint["rollouts_done"] = self.rollouts_done
+        if isinstance(self.calibration, RewardCalibration):
+            checkpoint["calibration"] = asdict(self.calibration)
 
-__all__ = ["MOVED_KEYS", "PPOConfig", "PPOModule", "RewardAdapter", "Rollout", "Sampled", "check_finite"]
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "kl_controller" in checkpoint:
+            self.kl_controller.load_state_dict(checkpoint["kl_controller"])
+        self.rollouts_done = checkpoint.get("rollouts_done", 0)
+        if "calibration" in checkpoint:
+            self.calibration = RewardCalibration(**checkpoint["calibration"])
+
+
+__all__ = ["MOVED_KEYS", "PPOConfig", "PPOModule", "RewardAdapter", "RewardEnsemble", "Rollout", "Sampled",
+           "check_finite"]

@@ -12,7 +12,8 @@ from lrlhf.models.decoding import DECODING
 from lrlhf.models.generation import SamplingConfig
 from lrlhf.modules.optim import OptimConfig
 
-#: ``module.config`` keys of earlier versions and the keys that replaced them: setting one fails naming the new.
+#: ``module.config`` keys of earlier versions and the keys that replaced them: setting one fails naming the new
+#: (until lrlhf 0.2.0, which removes this table, its InitVars below and ``lrlhf.run.cli``'s refusal).
 MOVED_KEYS = {
     "kl_coef": "module.kl_controller.kl_coef (module/kl_controller=adaptive|fixed picks the controller)",
     "advantage_estimator": "module.advantage._target_ (module/advantage=gae|rloo|grpo, e.g. "
@@ -83,10 +84,6 @@ class PPOConfig(OptimConfig):
     first_ratio_tolerance: float | None = None
     """Bound on the mean |ratio - 1| of the first minibatch of each rollout; None = by precision
     (:data:`lrlhf.modules.guards.RATIO_TOLERANCE`: 1e-3 full, 0.1 reduced)."""
-    sample_every_n_rollouts: int = 0
-    """Log the fixed-prompt sample table every N rollouts; 0 = never."""
-    sample_seed: int = 0
-    """Seed of the sample table's generation (the training RNG is left alone)."""
     # keys that moved (MOVED_KEYS): accepted only to fail naming the new key; not fields
     kl_coef: InitVar[object] = None
     advantage_estimator: InitVar[object] = None
@@ -123,7 +120,6 @@ class PPOConfig(OptimConfig):
             ("target_kl", self.target_kl is None or self.target_kl > 0, "must be > 0 or None (off)"),
             ("entropy_coef", self.entropy_coef >= 0, "must be >= 0"),
             ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "must be > 0 or None"),
-            ("sample_every_n_rollouts", self.sample_every_n_rollouts >= 0, "must be >= 0 (0 = never)"),
             ("first_ratio_tolerance", self.first_ratio_tolerance is None or self.first_ratio_tolerance > 0,
              "must be > 0 or None (by precision)"),
         ]
@@ -133,8 +129,9 @@ class PPOConfig(OptimConfig):
 
     @property
     def sampling(self) -> SamplingConfig:
-        """The recorded sampling config of the rollouts (its seed is only used by the sample table)."""
-        return SamplingConfig(self.max_new_tokens, self.temperature, self.sample_seed)
+        """The sampling config of the rollouts, as the hyperparameters record it (the rollouts draw from the run's RNG
+        stream: its seed is unused)."""
+        return SamplingConfig(self.max_new_tokens, self.temperature)
 
 
 for _key in MOVED_KEYS:  # an InitVar leaves its default as a class attribute: a moved key must not read as set

@@ -1,5 +1,5 @@
-"""What a PPO / RLOO / GRPO stage leaves behind (:mod:`lrlhf.modules.stage`) and what its checkpoint carries
-besides the weights: mixed into :class:`~lrlhf.modules.PPOModule`."""
+"""What a PPO / RLOO / GRPO stage leaves behind (:mod:`lrlhf.modules.stage`): the :class:`StageOutputs` base of
+:class:`~lrlhf.modules.PPOModule`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from lrlhf.models import export_adapter, export_merged
+from lrlhf.models.reward import RewardCalibration
 from lrlhf.modules.critic import POLICY
-from lrlhf.modules.reward import RewardCalibration
 from lrlhf.modules.stage import StageOutputs
 
 
 class PPOStage(StageOutputs):
-    """The stage contract and the checkpoint state of :class:`~lrlhf.modules.PPOModule` (rollouts done, the KL
-    controller, a measured calibration)."""
+    """The stage contract of :class:`~lrlhf.modules.PPOModule`, read from the module's own attributes: ``advantage``
+    (its name names the policy), ``rollouts_done``, ``kl_controller`` and ``calibration`` (the summary), ``model``
+    and ``tokenizer`` (the export)."""
 
     summary_metrics = ("rollout/kl_seq", "rollout/score")
 
@@ -44,20 +45,6 @@ class PPOStage(StageOutputs):
             "merged": export_merged(self.model, out_dir / "merged", self.tokenizer, adapter=POLICY),
             "adapter": export_adapter(self.model, out_dir / "adapter", POLICY, self.tokenizer),
         }
-
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """The KL controller's state (beta) is saved here, once; its settings are the config's."""
-        checkpoint["kl_controller"] = self.kl_controller.state_dict()
-        checkpoint["rollouts_done"] = self.rollouts_done
-        if isinstance(self.calibration, RewardCalibration):
-            checkpoint["calibration"] = asdict(self.calibration)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "kl_controller" in checkpoint:
-            self.kl_controller.load_state_dict(checkpoint["kl_controller"])
-        self.rollouts_done = checkpoint.get("rollouts_done", 0)
-        if "calibration" in checkpoint:
-            self.calibration = RewardCalibration(**checkpoint["calibration"])
 
 
 __all__ = ["PPOStage"]

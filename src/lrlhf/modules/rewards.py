@@ -1,10 +1,23 @@
-"""Rewards computed by a program from the texts: PPO's reward role as a function of the prompt's and the response's
-text (a verifier, a rule), chosen by ``_target_`` like every other role (``module.reward_model``).
+"""PPO's reward role: one protocol for every source of a response's score, chosen by ``_target_`` like every other
+role (``module.reward_model``).
 
-``reward=gold`` is the toy world's verifier (:func:`lrlhf.data.toy.verifiable_reward`: the gold utility itself), the
-exact reward under which PPO's optimiser is measured alone (bench/RESULTS.md, #31). Any ``fn(prompt, response) ->
-float`` works: ``module.reward_model={_target_: lrlhf.modules.FunctionReward, fn: {_target_:
-hydra.utils.get_method, path: my_pkg.my_reward}}``.
+A reward source is any object with two methods (:class:`RewardSource` says them; subclassing it is optional):
+
+- ``build(model, tokenizer) -> nn.Module | None``, called once by :meth:`PPOModule.configure_model` after the
+  policy's adapters are on its base (``model``, the peft model that serves policy, reference and value): the source
+  loads or attaches what it scores with and returns the frozen module the PPO module holds as ``reward_model`` (its
+  weights are the checkpoint's frozen ``reward_model`` part), or None for a program;
+- ``score(query_ids, query_mask, response_ids, masks) -> RewardScores``: the ``(B,)`` raw scores of prompt +
+  response cut at the stop (before any calibration), and the extras the source has: ``disagreement``, an
+  ensemble's per-sample std of its members' calibrated scores (None for a single model or a program).
+
+The shipped sources: :class:`FrozenRewardModel` (a reward-model folder, or a :class:`~lrlhf.models.ScalarModel`;
+``module.reward_model`` given as a path or a model is read as one), :class:`RewardAdapter` (the RM's ``reward``
+adapter on the policy's own base), :class:`RewardEnsemble` (an ensemble folder and its combination rule) and
+:class:`FunctionReward` (a program on the decoded texts: ``reward=gold`` is the toy world's verifier,
+:func:`lrlhf.data.toy.verifiable_reward`, the exact reward under which PPO's optimiser is measured alone). Any
+``fn(prompt, response) -> float`` works: ``module.reward_model={_target_: lrlhf.modules.rewards.FunctionReward, fn:
+{_target_: hydra.utils.get_method, path: my_pkg.my_reward}}``.
 """
 
 from __future__ import annotations
@@ -12,22 +25,120 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from lrlhf.functional import ResponseMasks
+from lrlhf.models.ensemble import RewardEnsembleModel, load_reward_ensemble
+from lrlhf.models.reward import attach_reward_adapter, load_reward_model
 from lrlhf.utils.errors import InvariantError
 
 
-@dataclass
-class FunctionReward:
-    """``fn(prompt_text, response_text) -> float`` as PPO's reward: the prompt decoded from its attended ids, the
-    response from its valid actions (cut at the stop, EOS dropped), both without special tokens.
+class RewardScores(NamedTuple):
+    """What a reward source's ``score`` returns for ``B`` rows.
 
-    The reward protocol PPO calls: :meth:`build` once with the module (it reads the tokenizer), then
-    ``reward(query_ids, query_mask, response_ids, masks) -> (B,) scores``.
+    Fields:
+        scores: ``(B,)`` float32 raw scores (before the run's calibration).
+        disagreement: ``(B,)`` float32, an ensemble's per-sample std of its members' calibrated scores; None for a
+            single model or a program.
     """
+
+    scores: Tensor
+    disagreement: Tensor | None = None
+
+
+class RewardSource:
+    """The reward protocol PPO calls (see the module docstring): :meth:`build` once, then :meth:`score`."""
+
+    def build(self, model: nn.Module, tokenizer) -> nn.Module | None:
+        """Load or attach what the source scores with, given the policy's peft model and the tokenizer; the frozen
+        module to hold as ``reward_model``, or None."""
+        raise NotImplementedError
+
+    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
+              masks: ResponseMasks) -> RewardScores:
+        """:class:`RewardScores` of prompts ``(B, P)`` (left-padded) + responses ``(B, R)`` cut at the stop."""
+        raise NotImplementedError
+
+
+def model_scores(model: nn.Module, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
+                 masks: ResponseMasks) -> RewardScores:
+    """A reward model's :class:`RewardScores`: prompt + response with the attention mask the prompt mask then the
+    action mask, so the model reads its score at the EOS, or at the last token of a truncated response. An ensemble
+    (:class:`~lrlhf.models.ensemble.RewardEnsembleModel`) gives its members' disagreement with them."""
+    input_ids = torch.cat([query_ids, response_ids], dim=1)
+    attention_mask = torch.cat([query_mask, masks.action_mask.to(query_mask.dtype)], dim=1)
+    if isinstance(model, RewardEnsembleModel):
+        scores, spread = model.score_and_disagreement(input_ids, attention_mask)
+        return RewardScores(scores.float(), spread.float())
+    return RewardScores(model.score(input_ids, attention_mask).float())
+
+
+class _ModelSource(RewardSource):
+    """A source that scores with one frozen module, the one :meth:`build` returned."""
+
+    scorer: nn.Module | None = None
+
+    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
+              masks: ResponseMasks) -> RewardScores:
+        if self.scorer is None:
+            raise RuntimeError(f"{type(self).__name__}: call build(model, tokenizer) before scoring")
+        return model_scores(self.scorer, query_ids, query_mask, response_ids, masks)
+
+
+class FrozenRewardModel(_ModelSource):
+    """A frozen reward model: the folder of :meth:`RewardModule.export` (loaded in :meth:`build`; an ensemble's
+    folder loads as its :class:`~lrlhf.models.ensemble.RewardEnsembleModel` with its default rule), or a ready
+    :class:`~lrlhf.models.ScalarModel`."""
+
+    def __init__(self, model: str | Path | nn.Module):
+        self.scorer = model if isinstance(model, nn.Module) else None
+        self.path = None if self.scorer is not None else model
+
+    def build(self, model: nn.Module, tokenizer) -> nn.Module:
+        if self.scorer is None:
+            self.scorer = load_reward_model(self.path)
+        return self.scorer
+
+
+@dataclass
+class RewardAdapter(_ModelSource):
+    """The reward role as the ``reward`` adapter of a LoRA :meth:`RewardModule.export` folder (``path``), loaded
+    onto the policy's own base (which must be the base the RM was trained on): one copy of the base weights serves
+    policy, reference, value and reward; the reward role owns only its head."""
+
+    path: str
+    scorer: nn.Module | None = field(default=None, init=False, repr=False, compare=False)
+
+    def build(self, model: nn.Module, tokenizer) -> nn.Module:
+        self.scorer = attach_reward_adapter(model, self.path)
+        return self.scorer
+
+
+@dataclass
+class RewardEnsemble(_ModelSource):
+    """The reward role as a reward-model ensemble (``recipe=rm_ensemble``'s ``model`` folder, ``path``): its members
+    each calibrated, combined by ``combine`` (:mod:`lrlhf.functional.ensemble_rules`: ``EnsembleMean``,
+    ``MeanMinusStd``, ``WorstCase``; None = the folder's default). Its scores carry the members' disagreement, logged
+    per rollout."""
+
+    path: str
+    combine: object = None
+    scorer: nn.Module | None = field(default=None, init=False, repr=False, compare=False)
+
+    def build(self, model: nn.Module, tokenizer) -> nn.Module:
+        self.scorer = load_reward_ensemble(self.path, self.combine)
+        return self.scorer
+
+
+@dataclass
+class FunctionReward(RewardSource):
+    """``fn(prompt_text, response_text) -> float`` as PPO's reward: the prompt decoded from its attended ids, the
+    response from its valid actions (cut at the stop, EOS dropped), both without special tokens. :meth:`build`
+    keeps the tokenizer; no module is built."""
 
     fn: Callable[[str, str], float]
     """The reward of one (prompt, response) pair of texts."""
@@ -35,9 +146,10 @@ class FunctionReward:
     """What summaries and errors call it."""
     tokenizer: object = field(default=None, init=False, repr=False)
 
-    def build(self, module) -> None:
-        """Take what decoding needs from the module (its tokenizer)."""
-        self.tokenizer = module.tokenizer
+    def build(self, model: nn.Module, tokenizer) -> None:
+        """Keep the tokenizer (decoding is all a program needs)."""
+        self.tokenizer = tokenizer
+        return None
 
     def texts(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
               masks: ResponseMasks) -> tuple[list[str], list[str]]:
@@ -50,16 +162,29 @@ class FunctionReward:
         return prompts, [r.strip() for r in responses]
 
     @torch.no_grad()
-    def __call__(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks) -> Tensor:
+    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
+              masks: ResponseMasks) -> RewardScores:
         if self.tokenizer is None:
-            raise RuntimeError(f"reward {self.name!r}: call build(module) before scoring")
+            raise RuntimeError(f"reward {self.name!r}: call build(model, tokenizer) before scoring")
         prompts, responses = self.texts(query_ids, query_mask, response_ids, masks)
         scores = [float(self.fn(p, r)) for p, r in zip(prompts, responses, strict=True)]
         for prompt, response, score in zip(prompts, responses, scores, strict=True):
             if not math.isfinite(score):
                 raise InvariantError(f"reward {self.name!r} returned {score} for the response {response[:80]!r} "
                                      f"to the prompt {prompt[-80:]!r}: a reward must be finite")
-        return torch.tensor(scores, dtype=torch.float32, device=query_ids.device)
+        return RewardScores(torch.tensor(scores, dtype=torch.float32, device=query_ids.device))
 
 
-__all__ = ["FunctionReward"]
+def reward_source(reward_model) -> RewardSource:
+    """``module.reward_model`` as a reward source: a path or a model is a :class:`FrozenRewardModel`; an object
+    with ``build`` and ``score`` is one already."""
+    if isinstance(reward_model, (str, Path, nn.Module)):
+        return FrozenRewardModel(reward_model)
+    if callable(getattr(reward_model, "build", None)) and callable(getattr(reward_model, "score", None)):
+        return reward_model
+    raise TypeError(f"module.reward_model must be a reward-model folder, a ScalarModel or a reward source (build and "
+                    f"score, lrlhf.modules.rewards), got {type(reward_model).__name__}")
+
+
+__all__ = ["FrozenRewardModel", "FunctionReward", "RewardAdapter", "RewardEnsemble", "RewardScores", "RewardSource",
+           "model_scores", "reward_source"]

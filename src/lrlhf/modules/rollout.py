@@ -1,5 +1,5 @@
 """The data of one PPO rollout: what the sampler returns (:class:`Sampled`), the frozen :class:`Rollout` the update
-epochs read, the reward role as an adapter (:class:`RewardAdapter`), and the checks and helpers around them."""
+epochs read, and the checks and helpers around them."""
 
 from __future__ import annotations
 
@@ -11,24 +11,6 @@ import torch
 from torch import Tensor
 
 from lrlhf.functional import ResponseMasks, explained_variance, kl_k1, masked_mean, masked_sum
-
-
-@dataclass(frozen=True)
-class RewardAdapter:
-    """The reward role as the ``reward`` adapter of a LoRA :meth:`RewardModule.export` folder (``path``),
-    loaded onto the policy's own base (which must be the base the RM was trained on)."""
-
-    path: str
-
-
-@dataclass(frozen=True)
-class RewardEnsemble:
-    """The reward role as a reward-model ensemble (``recipe=rm_ensemble``'s ``model`` folder, ``path``): its members
-    each calibrated, combined by ``combine`` (:mod:`lrlhf.functional.ensemble`: ``EnsembleMean``, ``MeanMinusStd``,
-    ``WorstCase``; None = the folder's default). The members' disagreement is logged per rollout."""
-
-    path: str
-    combine: object = None
 
 
 class Sampled(NamedTuple):
@@ -167,5 +149,5 @@ def log_synced(module, stats: dict[str, float], batch_size: int) -> None:
             module.log_dict(part, batch_size=batch_size, sync_dist=True, reduce_fx=op)
 
 
-__all__ = ["STAT_REDUCTIONS", "RewardAdapter", "RewardEnsemble", "Rollout", "Sampled", "check_finite", "log_synced",
-           "rollout_stats", "row_chunks", "sequence_inputs"]
+__all__ = ["STAT_REDUCTIONS", "Rollout", "Sampled", "check_finite", "log_synced", "rollout_stats", "row_chunks",
+           "sequence_inputs"]

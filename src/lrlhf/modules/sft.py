@@ -2,15 +2,13 @@
 
 The loss is the mean negative log-likelihood of the target tokens (``loss_mask``: assistant content and its
 EOS; prompt tokens and padding excluded), computed with :mod:`lrlhf.functional`. Validation reports the
-token-weighted loss over the whole validation set and its perplexity. Every ``sample_every_n_steps`` the
-module generates on a fixed set of prompts and logs a table (prompt, response and, for toy-world prompts,
-the gold utility).
+token-weighted loss over the whole validation set and its perplexity (the sample table is a callback's,
+:class:`lrlhf.callbacks.SampleTable`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -21,7 +19,6 @@ from torch import Tensor, nn
 from torchmetrics.aggregation import MeanMetric
 
 from lrlhf.data.collate import model_inputs
-from lrlhf.data.records import PromptExample, SFTExample
 from lrlhf.functional import masked_mean, token_logprobs
 from lrlhf.models import (
     LoraSpec,
@@ -32,10 +29,8 @@ from lrlhf.models import (
     load_causal_lm,
     load_tokenizer,
 )
-from lrlhf.models.generation import SamplingConfig, as_prompt
 from lrlhf.models.lora import refuse_full_finetuning_if_quantised
 from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
-from lrlhf.modules.samples import log_table, sample_table
 from lrlhf.modules.stage import StageOutputs
 
 
@@ -50,14 +45,6 @@ class SFTConfig(OptimConfig):
     """None = full fine-tuning; a spec trains one LoRA adapter (named :attr:`adapter_name`), base frozen."""
     adapter_name: str = "policy"
     """Name of the SFT adapter: ``policy``, so a LoRA SFT run reads like the PPO role it prepares."""
-    sample_every_n_steps: int = 0
-    """Generate on the sample prompts every N optimiser steps and log a table; 0 = never."""
-    sample_max_new_tokens: int = 32
-    """Tokens generated per sample."""
-    sample_temperature: float = 0.0
-    """0 = greedy samples; > 0 samples at this temperature (top-k 0, top-p 1), recorded in the table."""
-    sample_seed: int = 0
-    """Seed of the sample table's generation (the training RNG is not touched)."""
 
     def __post_init__(self):
         self.check_optim()
@@ -65,17 +52,10 @@ class SFTConfig(OptimConfig):
             self.lora = LoraSpec(**self.lora)
         checks = [
             ("adapter_name", bool(self.adapter_name), "must be a non-empty name"),
-            ("sample_every_n_steps", self.sample_every_n_steps >= 0, "must be >= 0 (0 = never)"),
-            ("sample_max_new_tokens", self.sample_max_new_tokens >= 1, "must be >= 1"),
-            ("sample_temperature", self.sample_temperature >= 0, "must be >= 0 (0 = greedy)"),
         ]
         for key, ok, rule in checks:
             if not ok:
                 raise ValueError(f"module.config.{key} {rule}, got {getattr(self, key)!r}")
-
-    @property
-    def sampling(self) -> SamplingConfig:
-        return SamplingConfig(self.sample_max_new_tokens, self.sample_temperature, self.sample_seed)
 
 
 class ExportPaths(NamedTuple):
@@ -91,10 +71,8 @@ class SFTModule(StageOutputs, pl.LightningModule):
 
     Args:
         model: a :class:`ModelConfig` (loaded in :meth:`configure_model`) or a ready causal LM module.
-        tokenizer: needed for the sample table and :meth:`export`; loaded from a ``ModelConfig`` when None.
+        tokenizer: needed for :meth:`export`; loaded from a ``ModelConfig`` when None.
         config: hyperparameters (:class:`SFTConfig`, or a dict of its fields).
-        sample_prompts: the fixed prompts of the sample table (``PromptExample`` or ``SFTExample``, whose
-            last assistant turn is dropped); a toy-world task in ``meta["task"]`` adds the gold utility.
 
     A ``ModelConfig`` is loaded in ``configure_model``, not ``__init__``: Lightning calls that hook under the
     strategy's context (FSDP/ModelParallel shard or init on device there), and constructing the module stays
@@ -106,7 +84,6 @@ class SFTModule(StageOutputs, pl.LightningModule):
         model: ModelConfig | nn.Module,
         tokenizer=None,
         config: SFTConfig | dict | None = None,
-        sample_prompts: Sequence[PromptExample | SFTExample] | None = None,
     ):
         super().__init__()
         self.config = config if isinstance(config, SFTConfig) else SFTConfig(**(config or {}))
@@ -117,10 +94,8 @@ class SFTModule(StageOutputs, pl.LightningModule):
         if tokenizer is None and self.model_config is not None:
             tokenizer = load_tokenizer(self.model_config)
         self.tokenizer = tokenizer
-        self.sample_prompts = [as_prompt(p) for p in (sample_prompts or [])]
         self.val_nll = MeanMetric()  # mean NLL over all validation target tokens (synced across ranks)
         self._step_started: float | None = None
-        self._sampled_at = -1  # the optimiser step of the last sample table
         hparams = {"sft": asdict(self.config)}
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
@@ -186,11 +161,6 @@ class SFTModule(StageOutputs, pl.LightningModule):
             self.log("train/tokens_per_s", total / seconds)
         if self.trainer.optimizers:
             self.log("train/lr", self.trainer.optimizers[0].param_groups[0]["lr"])
-        # With gradient accumulation this hook runs once per micro-batch: sample once per optimiser step.
-        step, every = self.trainer.global_step, self.config.sample_every_n_steps
-        if every and self.sample_prompts and step > 0 and step % every == 0 and step != self._sampled_at:
-            self._sampled_at = step
-            self.log_samples()
 
     # ----------------------------------------------------------------------------------- validation
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
@@ -209,16 +179,6 @@ class SFTModule(StageOutputs, pl.LightningModule):
         self.val_nll.reset()
         self.log("val/loss", loss)
         self.log("val/ppl", torch.exp(loss))
-
-    # --------------------------------------------------------------------------------- sample table
-    def sample_table(self) -> tuple[list[str], list[list]]:
-        """Generate on the sample prompts: ``(columns, rows)`` with step, prompt, response, gold utility."""
-        step = self.trainer.global_step if self._trainer is not None else 0
-        return sample_table(self.model, self.tokenizer, self.sample_prompts, self.config.sampling, step)
-
-    def log_samples(self) -> None:
-        """Log the sample table: ``logger.log_table`` where a logger has it (W&B), else ``samples.csv``."""
-        log_table(self, "samples", *self.sample_table())
 
     # ----------------------------------------------------------------------------------- optimiser
     def configure_optimizers(self):

@@ -1,6 +1,6 @@
 """What a run prints: our own lines, progress and warnings; third-party noise a user cannot act on is dropped.
 
-:func:`setup_console` (called by ``lrlhf.cli.main`` before anything heavy is imported) filters, each by message
+:func:`setup_console` (called by ``lrlhf.run.cli.main`` before anything heavy is imported) filters, each by message
 and by the module that emits it, never by category alone:
 
 - Python warnings (:data:`NOISE_WARNINGS`): deprecations inside Lightning and transformers, Lightning's remarks
@@ -172,7 +172,7 @@ def print_summary(summary: dict) -> None:
         print(f"table: {summary['table']} (and {summary['csv']}); plots: {', '.join(summary['plots'].values())}")
         print(f"run folder: {summary['run_dir']}")
         return
-    if summary["stage"] == "iterative":  # the rounds' table (lrlhf.rounds), then the final policy as any PPO's
+    if summary["stage"] == "iterative":  # the rounds' table (lrlhf.run.rounds), then the final policy as any PPO's
         print(summary["table_markdown"])
         print(f"{len(summary['rounds'])} rounds, {summary['labels_total']} preference labels, "
               f"{summary['ppo_steps_total']} PPO optimiser steps; table: {summary['table']}, plot: {summary['plot']}")

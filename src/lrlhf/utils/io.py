@@ -39,6 +39,14 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
 
 
+def write_json_lines(path: str | Path, rows: list[dict]) -> Path:
+    """Plain dicts as canonical JSON lines (sorted keys, UTF-8 as is), atomically. Typed records (SFT examples,
+    pairs, rankings, prompts) are :func:`lrlhf.data.writers.write_jsonl`'s."""
+    import json
+
+    return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
+
+
 def _old_folder(target: Path) -> Path:
     return target.with_name(f".{target.name}.old")
 

@@ -13,7 +13,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lrlhf.utils.io import atomic_save_folder, atomic_write_text
+from lrlhf.utils.io import atomic_save_folder, atomic_write_text, write_json_lines
 
 from .annotators import (
     AnnotatorConfig,
@@ -265,16 +265,6 @@ def yardsticks(cfg: WorldConfig, data: dict[str, list[dict]], tokenizer) -> dict
     }
 
 
-def dumps_record(record: dict) -> str:
-    """The canonical JSONL line of a record (no trailing newline)."""
-    return json.dumps(record, ensure_ascii=False, sort_keys=True)
-
-
-def write_jsonl(path: Path, records: list[dict]) -> None:
-    """Write records as canonical JSONL, atomically."""
-    atomic_write_text(path, "".join(dumps_record(r) + "\n" for r in records))
-
-
 def _save_folder_atomic(obj, target: Path) -> None:
     """``obj.save_pretrained`` into a temp folder next to ``target``, then swap it in."""
     atomic_save_folder(target, obj.save_pretrained)
@@ -301,7 +291,7 @@ def build_world(out_dir: str | os.PathLike, seed: int = 0, sizes: WorldSizes | N
     tokenizer = build_tokenizer(model_max_length=cfg.model.max_position_embeddings)
     data = generate_world_data(cfg)
     for name, records in data.items():
-        write_jsonl(getattr(paths, name), records)
+        write_json_lines(getattr(paths, name), records)
     _save_folder_atomic(tokenizer, paths.tokenizer)
     model = build_model(cfg.model, tokenizer, cfg.seed)
 

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lrlhf.models.ensemble import write_ensemble
+from lrlhf.run.training import begin_stage, fit_stage
 
 
 @dataclass
@@ -35,7 +35,7 @@ class EnsembleSettings:
     seed_stride: int = 1
     """Member ``i`` trains with ``seed + i * seed_stride``."""
     combine: object = None
-    """The artefact's default combination rule (:mod:`lrlhf.functional.ensemble`); None = the mean."""
+    """The artefact's default combination rule (:mod:`lrlhf.functional.ensemble_rules`); None = the mean."""
     data_fraction: float = 1.0
     """Each member trains on a random fraction of the training prompts (all pairs of a prompt together), drawn with
     its own seed: members that saw other data disagree more off-distribution. 1.0 = every member on every pair."""
@@ -47,10 +47,10 @@ class EnsembleSettings:
             raise ValueError(f"ensemble.members must be >= 2 (recipe=rm trains one RM), got {self.members}")
         if self.seed_stride < 1:
             raise ValueError(f"ensemble.seed_stride must be >= 1, got {self.seed_stride}")
-        from lrlhf.functional.ensemble import EnsembleCombine
+        from lrlhf.functional.ensemble_rules import EnsembleCombine
 
         if self.combine is not None and not isinstance(self.combine, EnsembleCombine):
-            raise ValueError(f"ensemble.combine must be an EnsembleCombine (lrlhf.functional.ensemble), got "
+            raise ValueError(f"ensemble.combine must be an EnsembleCombine (lrlhf.functional.ensemble_rules), got "
                              f"{type(self.combine).__name__}")
 
 
@@ -93,13 +93,15 @@ def member_config(cfg: DictConfig, i: int, folder: Path, seed: int, data_fractio
     return sub
 
 
-def run_ensemble(cfg: DictConfig, out_dir: Path, final_dir: Path, run_stage: Callable) -> dict:
-    """Train the members (``run_stage`` each), write the ensemble into ``out_dir/model`` and return the summary."""
+def run_ensemble(cfg: DictConfig, out_dir: Path, final_dir: Path) -> dict:
+    """Train the members (:func:`~lrlhf.run.training.fit_stage` each), write the ensemble into ``out_dir/model`` and
+    return the summary."""
     from hydra.utils import instantiate
 
     from lrlhf.utils.distributed import barrier, is_global_zero
     from lrlhf.utils.io import atomic_write_text
 
+    begin_stage(cfg, out_dir, final_dir)
     settings: EnsembleSettings = instantiate(cfg.ensemble, _convert_="all")
     members = []
     for i in range(settings.members):
@@ -123,7 +125,7 @@ def run_ensemble(cfg: DictConfig, out_dir: Path, final_dir: Path, run_stage: Cal
             print(f"reward ensemble: member {i + 1}/{settings.members} (seed {seed})"
                   f"{', resumed' if resume else ''}", flush=True)
             try:
-                run_stage(sub, folder, final)
+                fit_stage(sub, folder, final)
             except SystemExit as stop:  # a clean stop: the ensemble resumes as a whole
                 if hasattr(stop, "run_dir") and hasattr(stop, "resume_key"):  # lrlhf.callbacks.TrainingStopped
                     stop.run_dir, stop.resume_key = str(final_dir), "last"
@@ -150,7 +152,7 @@ def ensemble_figures(folder: Path, test_file, members: list[Path]) -> dict:
     from lrlhf.data.formats import PREFERENCE_KINDS, load_records
     from lrlhf.data.records import PromptExample, as_pairs
     from lrlhf.eval.best_of_n import reward_model_scorer
-    from lrlhf.functional.ensemble import EnsembleMean, WorstCase, disagreement
+    from lrlhf.functional.ensemble_rules import EnsembleMean, WorstCase, disagreement
     from lrlhf.functional.stats import bootstrap_interval
     from lrlhf.models import ModelConfig, load_tokenizer
     from lrlhf.models.ensemble import load_reward_ensemble

@@ -1,4 +1,4 @@
-"""Model inputs for a prefix-shared batch (:mod:`lrlhf.data.sharing`): the 4-D attention mask in the form the
+"""Model inputs for a prefix-shared batch (:mod:`lrlhf.data.shared_batches`): the 4-D attention mask in the form the
 model's attention implementation takes.
 
 transformers 5.x passes a 4-D ``attention_mask`` through its mask creation unchanged (``masking_utils``: "already
@@ -14,7 +14,7 @@ import warnings
 
 import torch
 
-from lrlhf.functional.sharing import additive_mask, shared_attention_mask
+from lrlhf.functional.prefix_sharing import additive_mask, shared_attention_mask
 
 SHARED_ATTENTION = ("eager", "sdpa")
 ALIBI_MODELS = ("bloom", "mpt")
@@ -53,7 +53,7 @@ def sharing_blocker(model, width: int | None = None) -> str | None:
 
 def can_share(model, width: int | None = None) -> bool:
     """Whether ``model`` runs a shared row of ``width`` columns exactly (:func:`sharing_blocker`); otherwise the
-    modules run a shared batch unshared (:func:`lrlhf.data.sharing.unshare_batch`) with this warning."""
+    modules run a shared batch unshared (:func:`lrlhf.data.shared_batches.unshare_batch`) with this warning."""
     blocker = sharing_blocker(model, width)
     if blocker is None:
         return True

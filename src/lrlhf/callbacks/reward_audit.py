@@ -52,8 +52,8 @@ class HighRewardAudit(pl.Callback):
         from lrlhf.eval.counterfactual import DEFAULT_TRANSFORMS
         from lrlhf.eval.judges import score_responses
         from lrlhf.functional import response_masks
-        from lrlhf.modules.samples import log_table
         from lrlhf.utils.io import atomic_write_text
+        from lrlhf.utils.tables import log_table
 
         tok = pl_module.tokenizer
         k = len(rollout) // len(batch["prompts"])

@@ -18,7 +18,7 @@ Round ``r = 1..R`` (``rounds.settings.n``) lives in ``<run folder>/round_<r>/``;
 4. ``figures.json``: held-out gold (the world's judge) and the PPO stage's comparison with its reference, KL, labels,
    the calibrated proxy, and the reward models' pairwise accuracy against the world's judge on held-out samples of the
    policy the round started from (this round's RM: after the refresh; the previous round's: before) and of the
-   policy PPO made (:mod:`lrlhf.eval.rounds`).
+   policy PPO made (:mod:`lrlhf.eval.round_figures`).
 
 Every step writes atomically and is skipped once done, so ``ckpt_path=last`` resumes a killed run at the round and
 step where it stopped (a PPO stage from its last checkpoint). ``rounds.json``, ``rounds.md`` and ``rounds.png`` (gold
@@ -32,16 +32,14 @@ import math
 import os
 import random
 import shutil
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lrlhf.cli import _at
-from lrlhf.data.toy.world import write_jsonl
 from lrlhf.eval.annotators import Pair, preference_record
-from lrlhf.eval.rounds import (
+from lrlhf.eval.round_figures import (
+    HeldOut,
     held_out_prompts,
     held_out_samples,
     pair_accuracy,
@@ -50,7 +48,10 @@ from lrlhf.eval.rounds import (
     rm_scorer,
     write_report,
 )
+from lrlhf.run.planning import check_resume, compose_needed
+from lrlhf.run.training import at_folder, fit_stage
 from lrlhf.utils.io import atomic_write_text, swap_folder_in
+from lrlhf.utils.io import write_json_lines as write_jsonl
 
 RM_INITS = ("sft", "previous")
 REFERENCES = ("sft", "previous")
@@ -223,15 +224,16 @@ def check_start(cfg: DictConfig, run_dir: Path) -> tuple[list[dict], list, int]:
 
 # ---------------------------------------------------------------------------------------------- loop
 class RoundLoop:
-    """Runs the rounds of ``cfg`` (see the module docstring) in ``run_dir``.
+    """Runs the rounds of ``cfg`` (see the module docstring) in ``run_dir``; ``overrides``: the launch's overrides,
+    of which the RM stages take the shared ones (:func:`lrlhf.run.planning.compose_needed`)."""
 
-    ``run_stage(cfg, out_dir, final_dir)`` trains one stage (the CLI's); ``compose(recipe, overrides)`` composes
-    another recipe's config with the run's shared overrides (the RM stage's)."""
-
-    def __init__(self, cfg: DictConfig, run_dir: Path, run_stage: Callable, compose: Callable):
+    def __init__(self, cfg: DictConfig, run_dir: Path, overrides: list[str]):
         from hydra.utils import instantiate
 
-        self.cfg, self.run_dir, self.run_stage, self.compose = cfg, run_dir, run_stage, compose
+        self.cfg, self.run_dir, self.overrides = cfg, run_dir, list(overrides)
+        ev = cfg.eval
+        self.held_out = HeldOut(str(ev.prompts), ev.judge, int(ev.max_new_tokens), ev.get("max_prompts"),
+                                ev.get("max_prompt_length") or 1024)
         self.rounds: Rounds = instantiate(cfg.rounds.settings, _convert_="all")
         self.annotator = instantiate(cfg.rounds.annotator, _convert_="all")
         self.resuming = cfg.get("ckpt_path") is not None
@@ -311,12 +313,12 @@ class RoundLoop:
             overrides.append(f"trainer.max_steps={self.rounds.rm_steps}")
         if self.rounds.rm_init == "previous" and r > 1:
             overrides.append(f"module.model.name_or_path={self.folder(r - 1) / 'rm' / 'model'}")
-        sub = self.compose("rm", overrides)
+        sub = compose_needed(self.cfg, "rm", self.overrides, overrides)
         with open_dict(sub):
             sub.world.dir, sub.deps, sub.logger = self.cfg.world.dir, {"sft": self.cfg.deps.sft}, None
         building = self.folder(r) / ".rm.building"
         shutil.rmtree(building, ignore_errors=True)
-        self._stage(_at(sub, building), building, out)
+        self._stage(at_folder(sub, building), building, out)
         swap_folder_in(building, out)
         return out
 
@@ -336,20 +338,19 @@ class RoundLoop:
             elif r > 1:
                 sub.module.policy.name_or_path = self.policy_folder(r)
             del sub["rounds"]
-        sub = _at(sub, out)
+        sub = at_folder(sub, out)
         if sub.ckpt_path is None:
             shutil.rmtree(out, ignore_errors=True)  # a start that left no checkpoint
         else:
-            from lrlhf.planning import check_resume
-
             check_resume(sub)
         self._stage(sub, out, out)
         return out
 
     def _stage(self, sub: DictConfig, out: Path, final: Path) -> None:
-        """``run_stage``; a stop on a signal names this run's folder to resume (the rounds resume as a whole)."""
+        """:func:`~lrlhf.run.training.fit_stage`; a stop on a signal names this run's folder to resume (the rounds
+        resume as a whole)."""
         try:
-            self.run_stage(sub, out, final)
+            fit_stage(sub, out, final)
         except SystemExit as stop:
             if hasattr(stop, "run_dir") and hasattr(stop, "resume_key"):  # lrlhf.callbacks.TrainingStopped
                 stop.run_dir, stop.resume_key = str(self.run_dir), "last"
@@ -361,7 +362,8 @@ class RoundLoop:
         if not path.is_file():
             folder = f"{self.cfg.deps.sft}/merged" if r == 0 else str(self.folder(r) / "ppo" / "export" / "merged")
             path.parent.mkdir(exist_ok=True)
-            atomic_write_text(path, json.dumps(held_out_samples(folder, self.cfg, seed=self.cfg.seed + 7919)) + "\n")
+            samples = held_out_samples(folder, self.held_out, seed=self.cfg.seed + 7919)
+            atomic_write_text(path, json.dumps(samples) + "\n")
         return json.loads(path.read_text())
 
     def figures(self, r: int, labels: list[dict], rm: Path, ppo: Path) -> dict:
@@ -379,7 +381,7 @@ class RoundLoop:
         row = {"round": r, "labels": len(labels), "ppo_steps": self.rounds.steps(r),
                "calibration": {k: calibration.get(k) for k in ("mean", "std")},
                **{k: summary[k] for k in summary if k.startswith(("gold/", "judge/", "chosen/", "rollout/", "kl/"))}}
-        prompts = held_out_prompts(self.cfg)
+        prompts = held_out_prompts(self.held_out)
         start, end = self.samples(r - 1), self.samples(r)
         score = rm_scorer(rm / "model")
         for name, s in (("after", start), ("end", end)):
@@ -421,9 +423,9 @@ class RoundLoop:
         return out
 
 
-def run_rounds(cfg: DictConfig, run_dir: Path, run_stage: Callable, compose: Callable) -> dict:
-    """:class:`RoundLoop` ``(cfg, run_dir, run_stage, compose).run()``."""
-    return RoundLoop(cfg, run_dir, run_stage, compose).run()
+def run_rounds(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
+    """:class:`RoundLoop` ``(cfg, run_dir, overrides).run()``."""
+    return RoundLoop(cfg, run_dir, overrides).run()
 
 
 __all__ = ["RoundLoop", "Rounds", "check_start", "on_policy_pairs", "prompt_pool", "replayed", "run_rounds"]

@@ -1,5 +1,5 @@
 """Prefix-shared batches of pairs and rankings: each group's common prefix encoded once (see
-:mod:`lrlhf.functional.sharing` for the layout and the mask).
+:mod:`lrlhf.functional.prefix_sharing` for the layout and the mask).
 
 A shared batch carries the shared layout, ``input_ids``, ``position_ids`` and ``segment_ids`` ``(G, L)``, one row
 per pair or ranking, and NO ``attention_mask`` (the model inputs come from :func:`lrlhf.models.shared_inputs`,
@@ -21,7 +21,7 @@ import torch
 
 from lrlhf.data.collate import _labels, _pair_origin, pad_sequences
 from lrlhf.data.tokenize import Encoded, EncodedPair, EncodedRanking
-from lrlhf.functional.sharing import PADDING, common_prefix_length
+from lrlhf.functional.prefix_sharing import PADDING, common_prefix_length
 
 #: ``data.prefix_sharing=auto`` shares prefixes when they hold at least this fraction of a split's tokens. Measured
 #: (bench/prefix_share_sweep.py, RESULTS.md): an RM step takes 1.00-1.07x the padded one at shares 0.03-0.05,
@@ -111,7 +111,7 @@ def collate_shared_rankings(batch: Sequence[EncodedRanking], pad_token_id: int) 
 def unshare_batch(batch: dict, pad_token_id: int = 0) -> dict:
     """The right-padded ``(N, T)`` layout of a shared batch (``input_ids``, ``attention_mask``), as
     :func:`collate_pairs` / :func:`collate_rankings` would have built it, for a model that cannot take the
-    shared layout's 4-D mask (:func:`lrlhf.models.sharing.can_share`)."""
+    shared layout's 4-D mask (:func:`lrlhf.models.shared_inputs.can_share`)."""
     cols, lengths = batch["gather_cols"], batch["lengths"]
     valid = torch.arange(cols.shape[1], device=cols.device)[None, :] < lengths[:, None]
     ids = batch["input_ids"][batch["gather_rows"][:, None], cols]

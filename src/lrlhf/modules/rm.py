@@ -5,7 +5,7 @@ Batches come from :class:`lrlhf.data.PreferenceDataModule`:
 - pairs (padded): ``2B`` rows, chosen rows ``[0, B)`` then rejected rows ``[B, 2B)``, ``pair_targets`` (B,);
 - pairs (packed): rows holding whole pairs, ``chosen_end`` / ``rejected_end`` (B, 2) where each score is read;
 - rankings: ``N`` flattened completions with ``group`` and ``ranks`` (1 = best);
-- prefix-shared pairs or rankings (:mod:`lrlhf.data.sharing`, the default where prompts are a large share of the
+- prefix-shared pairs or rankings (:mod:`lrlhf.data.shared_batches`, the default where prompts are a large share of the
   tokens): one row per pair or ranking, the prompt encoded once; the scores come out in the padded order.
 
 Every batch is scored in ONE forward pass (chosen and rejected together), then split.
@@ -34,9 +34,9 @@ from torchmetrics import CatMetric, MeanMetric, PearsonCorrCoef
 from torchmetrics.classification import BinaryAUROC, BinaryCalibrationError
 
 from lrlhf.data.collate import model_inputs, pad_to_multiple
-from lrlhf.data.sharing import is_shared, pad_shared_to_multiple, unshare_batch
+from lrlhf.data.shared_batches import is_shared, pad_shared_to_multiple, unshare_batch
 from lrlhf.functional import bradley_terry_loss, margin_summary, pairwise_accuracy, ranking_loss, ranking_pairs
-from lrlhf.functional.sharing import gather_last
+from lrlhf.functional.prefix_sharing import gather_last
 from lrlhf.models import (
     LoraSpec,
     ModelConfig,
@@ -59,7 +59,7 @@ from lrlhf.models.reward import (
     load_calibration,
     load_reward_model,
 )
-from lrlhf.models.sharing import can_share, shared_inputs
+from lrlhf.models.shared_inputs import can_share, shared_inputs
 from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
 from lrlhf.modules.reward_eval import compute_calibration
 from lrlhf.modules.stage import StageOutputs

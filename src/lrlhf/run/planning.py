@@ -42,18 +42,36 @@ RESUMABLE_CHANGES = ("config.trainer.max_steps", "config.trainer.max_epochs", "c
 OWNER_FILE = ".owner"
 
 
+def world_of(node):
+    """The world object (:mod:`lrlhf.data.worlds`) of a ``world`` config node, its values resolved but ``dir`` (the
+    CLI's) and ``judge`` (it may name a stage the caller does not need)."""
+    from hydra.utils import instantiate
+    from omegaconf import ListConfig
+
+    content = {}
+    for key in node:
+        if key in ("dir", "judge", "judge_recipe", "table_judge"):
+            continue
+        value = node[key]
+        content[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) \
+            else value
+    try:
+        return instantiate(content, _convert_="all")
+    except Exception as err:  # a bad world value: name the key
+        cause = err
+        while cause.__cause__ is not None:
+            cause = cause.__cause__
+        raise ValueError(str(cause) if str(cause).startswith("world.") else f"world: {cause}") from err
+
+
 def world_dir(cfg: DictConfig) -> Path:
     """Where ``cfg.world`` is built: ``<paths.cache_dir>/worlds/<its key>`` (:mod:`lrlhf.data.worlds`)."""
-    from lrlhf.data.worlds import world_of
-
     return Path(cfg.paths.cache_dir).expanduser() / "worlds" / world_of(cfg.world).key()
 
 
 def check_world(cfg: DictConfig) -> None:
     """The world's files exist, and nothing asks a world without gold for the toy world's model or gold utility
     (both would be silently wrong: a toy model on real data, toy "gold" for a real policy)."""
-    from lrlhf.data.worlds import world_of
-
     world = world_of(cfg.world)
     world.check()
     name = cfg.world.get("name", "?")
@@ -103,6 +121,20 @@ def _shared_overrides(overrides: list[str]) -> list[str]:
             or key(o).startswith(("strategy.", "trainer.strategy."))]
 
 
+def compose_recipe(recipe: str, overrides: list[str]) -> DictConfig:
+    """Another recipe's config, composed (inside the launch's Hydra context) with ``overrides``."""
+    from hydra import compose
+
+    return compose(config_name="train", overrides=[f"recipe={recipe}", *overrides])
+
+
+def compose_needed(cfg: DictConfig, recipe: str, launch_overrides: list[str], extra: list[str] = ()) -> DictConfig:
+    """The config of a stage ``cfg`` runs itself (an iterative round's RM): ``recipe`` with the launch's shared
+    overrides, ``cfg.stage_overrides.<recipe>`` and ``extra``."""
+    return compose_recipe(recipe, [*_shared_overrides(launch_overrides), *(cfg.stage_overrides.get(recipe) or []),
+                                   *extra])
+
+
 def stage_key(cfg: DictConfig) -> str:
     """A hash of what a stage computes: its resolved config without paths, logger and the like."""
     from lrlhf import __version__
@@ -138,7 +170,7 @@ def check_required(cfg: DictConfig) -> None:
                              f" (also unset: {', '.join(keys[1:])})" if keys[1:] else ""))
 
 
-def plan(cfg: DictConfig, overrides: list[str], compose: Callable, inside: Path | None = None,
+def plan(cfg: DictConfig, overrides: list[str], compose: Callable = compose_recipe, inside: Path | None = None,
          recover: bool = True) -> list:
     """Fill in ``world.dir`` and ``deps`` of ``cfg`` (recursively for its needs) and validate every stage.
 
@@ -227,10 +259,15 @@ def link_stage(entry: Path, run_dir: Path) -> None:
     os.replace(link, entry)
 
 
+#: The config nodes whose settings objects :func:`validate` builds: the module's, ``recipe=eval``'s
+#: (:class:`lrlhf.eval.harness.EvalSettings`), ``recipe=iterative_ppo``'s rounds, ``recipe=rm_ensemble``'s members.
+PLANNED_NODES = ("module", "eval", "rounds", "ensemble")
+
+
 def validate(cfg: DictConfig) -> None:
-    """Build every ``_target_`` config node under ``module`` that is a plain config (cheap, no model loaded: a
-    dataclass, or a class with ``built_when_planning = True``), so a bad value fails now, naming its key, rather
-    than after minutes of work."""
+    """Build every ``_target_`` config node under :data:`PLANNED_NODES` that is a plain config (cheap, no model
+    loaded: a dataclass, or a class with ``built_when_planning = True``), so a bad value fails now, naming its key,
+    rather than after minutes of work."""
     from hydra.utils import get_class, instantiate
 
     def visit(node, where: str) -> None:
@@ -253,15 +290,9 @@ def validate(cfg: DictConfig) -> None:
         for key in node:
             visit(node._get_node(key), f"{where}.{key}")
 
-    visit(cfg.module, "module")
-    if cfg.stage == "eval":
-        from lrlhf.eval.harness import check_eval_config
-
-        check_eval_config(cfg.eval)
-    if cfg.stage == "iterative":  # the rounds' settings and annotator (cheap objects), before any stage is built
-        visit(cfg.rounds, "rounds")
-    if cfg.stage == "rm_ensemble":  # the members' count and the combination rule, before any member trains
-        visit(cfg.ensemble, "ensemble")
+    for key in PLANNED_NODES:  # e.g. the rounds' settings and annotator, before any stage is built
+        if cfg.get(key) is not None:
+            visit(cfg._get_node(key), key)
 
 
 def _root_cause(err: BaseException) -> BaseException:

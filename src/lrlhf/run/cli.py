@@ -1,11 +1,11 @@
 """``python train.py [recipe=NAME] [key=value ...]``: Hydra composes the config, the CLI runs one stage.
 
-A recipe (``recipes/NAME.yaml``) names a ``stage`` (``sft``, ``rm``, ``ppo``, ``dpo``, or ``eval``: no training, see
-:mod:`lrlhf.eval.harness`), the LightningModule and the datamodule by ``_target_``, and the stages it ``needs``
-first. :mod:`lrlhf.planning` plans them (cached by a hash of their config) and checks everything it can before any
-work; this module builds the world and the needed stages, trains the recipe's own stage, and leaves behind what
-every module's one contract says (:mod:`lrlhf.modules.stage`): ``config.yaml``, ``summary.json``, the logger's
-files, checkpoints and the export, under the stage's run folder.
+A recipe (``recipes/NAME.yaml``) names a ``stage`` (a kind of :mod:`lrlhf.run.stages`' table: ``sft``, ``rm``,
+``ppo``, ``dpo``, ``kto``, ``eval``, ``rm_ensemble``, ``iterative``), the LightningModule and the datamodule by
+``_target_``, and the stages it ``needs`` first. :mod:`lrlhf.run.planning` plans them (cached by a hash of their
+config) and checks everything it can before any work; this module builds the world and the needed stages, then
+runs the recipe's own stage by its kind (:func:`lrlhf.run.stages.run_stage`), and registers a trained one in the
+stage cache.
 """
 
 from __future__ import annotations
@@ -20,26 +20,28 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from lrlhf.planning import (
+from lrlhf.run.planning import (
     OWNER_FILE,
-    RESUMABLE_CHANGES,
     _building_folder,
     check_data,
     check_resume,
     check_shared_run_dir,
+    compose_recipe,
     link_stage,
     plan,
     remove_dead_builds,
-    run_config,
     stage_entry,
     start_build,
+    world_of,
 )
+from lrlhf.run.stages import STAGES, TRAINED_STAGES, kind_of, run_stage  # noqa: F401  (STAGES: the recipes' test)
+from lrlhf.run.training import at_folder
 from lrlhf.utils.console import print_summary
 from lrlhf.utils.distributed import close_process_group
 from lrlhf.utils.errors import InvariantError
-from lrlhf.utils.io import atomic_save_children, atomic_write_text
+from lrlhf.utils.io import atomic_write_text
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOP_LEVEL_GROUPS = {"recipe": "recipes", "callbacks": "callbacks"}
 
 # ------------------------------------------------------------------------------------------- setup
@@ -89,155 +91,11 @@ def register(root: Path = ROOT) -> None:
             store.store(group=group, name=path.stem, node=node, package="_global_" if group == "recipe" else group)
 
 
-# -------------------------------------------------------------------------------------------- stages
-def _model_config(cfg: DictConfig):
-    from hydra.utils import instantiate
-
-    for key in ("model", "policy"):
-        if key in cfg.module:
-            return instantiate(cfg.module[key], _convert_="all")
-    raise ValueError("the recipe's module has neither `model` nor `policy`")
-
-
-def _logger(node: DictConfig):
-    """The run's logger. An offline W&B run is told not to reference artifacts by client id: wandb 0.19 (the floor)
-    then asked the server for its version at the first table (the sample table) and retried for minutes."""
-    from hydra.utils import instantiate
-
-    if "WandbLogger" in str(node.get("_target_")) and node.get("offline"):
-        import wandb
-
-        return instantiate(node, settings=wandb.Settings(allow_offline_artifacts=False))
-    return instantiate(node)
-
-
-def _trainer(cfg: DictConfig, out_dir: Path):
-    from hydra.utils import instantiate
-
-    from lrlhf.callbacks import ResumableCheckpoint, console_callbacks
-
-    logger = _logger(cfg.logger) if cfg.get("logger") else False
-    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c]
-    stored = run_config(cfg)
-    for callback in callbacks:  # the run config is stored with every checkpoint and checked on resume
-        if isinstance(callback, ResumableCheckpoint) and not callback.config:
-            callback.config = stored
-            callback.allowed_config_changes = (*callback.allowed_config_changes, *RESUMABLE_CHANGES)
-    callbacks += console_callbacks(cfg, callbacks)  # progress in rollouts / steps, a clean stop on SIGTERM / SIGINT
-    trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(out_dir))
-    if logger:
-        logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
-    return trainer
-
-
-def run_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> dict:
-    """Train one stage into ``out_dir`` and return its summary (also written as ``summary.json``).
-
-    ``final_dir``: where ``out_dir`` will be moved once complete (a cached stage is built in a temporary folder
-    and swapped in); the written config and summary name that place.
-
-    Several processes (``trainer.devices=N``, torchrun, srun): every rank trains (``fit`` is collective), in the
-    same ``out_dir``; only global rank 0 writes ``config.yaml``, the export and ``summary.json`` (the other ranks
-    take part in gathering a sharded model and wait at a barrier; the summary they return lacks rank 0's part).
-    """
-    import lightning.pytorch as pl
-    import torch
-    from hydra.utils import instantiate
-
-    from lrlhf.models import load_tokenizer
-    from lrlhf.utils.distributed import barrier, is_global_zero
-    from lrlhf.utils.io import atomic_write_text
-
-    zero = is_global_zero()
-    torch.set_num_threads(cfg.threads)
-    pl.seed_everything(cfg.seed, verbose=False)
-    final_dir = final_dir or out_dir
-    config_yaml = OmegaConf.to_yaml(_at(cfg, final_dir), resolve=True)
-    resuming = cfg.get("ckpt_path") is not None  # written once the checkpoint was accepted (a refused resume
-    if zero:                                     # leaves the folder's config as it was)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        if not resuming:
-            atomic_write_text(out_dir / "config.yaml", config_yaml)
-    barrier()  # (only once a process group exists: before the first fit no other rank writes into out_dir)
-    if cfg.stage == "eval":  # nothing to train: evaluate the policies of cfg.eval (lrlhf.eval.harness)
-        if not zero:  # one process evaluates (no collective runs in it)
-            return {"stage": "eval", "run_dir": str(out_dir)}
-        from lrlhf.eval.harness import run_eval
-
-        summary = {"stage": "eval", "run_dir": str(out_dir), **run_eval(cfg, out_dir)}
-        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        return summary
-    if cfg.stage == "rm_ensemble":  # N rm stages in members/, one artefact (lrlhf.ensembles)
-        from lrlhf.ensembles import run_ensemble
-
-        return run_ensemble(cfg, out_dir, final_dir, run_stage)
-    tokenizer = load_tokenizer(_model_config(cfg))
-    module = instantiate(cfg.module, tokenizer=tokenizer, _convert_="all")
-    data = instantiate(cfg.data, tokenizer=tokenizer, _convert_="all")
-    trainer = _trainer(cfg, out_dir)
-    trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
-    if zero and resuming:
-        atomic_write_text(out_dir / "config.yaml", config_yaml)
-    summary = {"stage": cfg.stage, "run_dir": str(out_dir), **finish_stage(cfg, module, data, trainer, out_dir)}
-    summary = json.loads(json.dumps(summary, default=str).replace(str(out_dir), str(final_dir)))
-    if zero:
-        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-    barrier()  # summary.json is written
-    return summary
-
-
-def _whole(cfg, module, trainer):
-    """The trained module whole on global rank 0 (None on the other ranks): :func:`lrlhf.strategies.whole_module`
-    with a fresh module built from ``cfg.module`` to load a gathered sharded state into."""
-    from hydra.utils import instantiate
-
-    from lrlhf.strategies import whole_module
-
-    return whole_module(module, trainer, lambda: instantiate(cfg.module, tokenizer=module.tokenizer, _convert_="all"))
-
-
-def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
-    """What every stage leaves behind, by the modules' one contract (:mod:`lrlhf.modules.stage`): the figures of
-    training, the callbacks' part (early stopping restores its chosen checkpoint), then on global rank 0 the
-    module's held-out evaluations, its export (swapped into place), and for a policy the comparison with SFT."""
-    summary = module.stage_summary(trainer, out_dir)  # every rank
-    if getattr(data, "reports", None):
-        summary["data"] = dict(data.reports)  # per split: records, kept, every drop by reason
-    for callback in trainer.callbacks:
-        if callable(getattr(callback, "stage_summary", None)):
-            summary.update(callback.stage_summary(trainer, module))  # every rank (a sharded restore is collective)
-    whole = _whole(cfg, module, trainer)
-    if whole is None:  # another rank than 0: rank 0 evaluates and exports
-        return summary
-    summary.update(whole.finish(data, out_dir, trained=module))
-    summary.update(atomic_save_children(out_dir, whole.export_stage))
-    if cfg.get("eval") and whole.policy_name:
-        from lrlhf.eval import compare_with_sft
-        from lrlhf.models import load_causal_lm
-
-        ev = cfg.eval
-        summary.update(compare_with_sft(whole.model, load_causal_lm(_model_config(cfg)), whole.tokenizer,
-                                        ev.prompts, whole.policy_name, n_samples=ev.n_samples, seed=cfg.seed,
-                                        temperature=ev.temperature, max_new_tokens=ev.max_new_tokens,
-                                        judge=ev.get("judge") or "toy_gold", max_prompts=ev.get("max_prompts"),
-                                        max_prompt_length=ev.get("max_prompt_length") or 1024))
-    return summary
-
-
-#: Every stage a recipe may name: the trained ones, ``eval`` (no training; lrlhf.eval.harness), ``iterative``
-#: (rounds of labelling, RM and PPO stages; lrlhf.rounds) and ``rm_ensemble`` (N rm stages; lrlhf.ensembles).
-STAGES = ("sft", "rm", "ppo", "dpo", "kto", "eval", "iterative", "rm_ensemble")
-#: The stages one training run makes, which the stage cache can hold for a recipe that needs them.
-TRAINED_STAGES = ("sft", "rm", "ppo", "dpo", "kto")
-
-
 # ----------------------------------------------------------------------------------------------- main
 def run(cfg: DictConfig) -> dict:
     """Plan, build what is missing (world, needed stages), then run the recipe's own stage."""
-    from hydra import compose
     from hydra.core.hydra_config import HydraConfig
 
-    from lrlhf.data.worlds import world_of
     from lrlhf.utils.distributed import barrier, is_global_zero, wait_for_file
     from lrlhf.utils.io import atomic_save_folder, swap_folder_in
 
@@ -248,10 +106,7 @@ def run(cfg: DictConfig) -> dict:
     run_dir = Path(cfg.paths.run_dir)
     check_shared_run_dir(hydra_cfg)
     zero = is_global_zero()
-
-    def compose_recipe(recipe: str, shared: list[str]) -> DictConfig:
-        return compose(config_name="train", overrides=[f"recipe={recipe}", *shared])
-
+    kind = kind_of(cfg)
     todo = plan(cfg, overrides, compose_recipe, inside=None if cfg.cache else run_dir / "stages", recover=zero)
     check_resume(cfg)  # a refused resume must not build the stages first
     if zero:
@@ -271,10 +126,8 @@ def run(cfg: DictConfig) -> dict:
             atomic_save_folder(world, built.build)
         else:  # torchrun / srun start every rank at once; no process group exists yet to wait on
             wait_for_file(world / "world.json")
-    if zero and cfg.stage == "iterative":  # a second launch into a folder with rounds, too few fresh prompts
-        from lrlhf.rounds import check_start
-
-        check_start(cfg, run_dir)
+    if zero and kind.check_start is not None:  # e.g. iterative: a second launch into a folder with rounds
+        kind.check_start(cfg, run_dir)
     if zero:  # every data file is read once before any stage is built (a bad one must not cost a build first)
         check_data([(f"the `{recipe}` stage this recipe needs: ", dep) for recipe, dep, _ in todo] + [("", cfg)],
                    pending=[out_dir for _, _, out_dir in todo])
@@ -289,7 +142,7 @@ def run(cfg: DictConfig) -> dict:
         with open_dict(dep):
             dep.logger = None
         try:
-            run_stage(_at(dep, building), building, out_dir)
+            run_stage(at_folder(dep, building), building, out_dir, overrides)
         except BaseException:
             if zero:  # as a failed atomic_save_folder: the cache keeps no half-built stage
                 shutil.rmtree(building, ignore_errors=True)
@@ -305,19 +158,9 @@ def run(cfg: DictConfig) -> dict:
         for name, path in reused.items():
             print(f"reusing the `{name}` stage: {path}")
         print(f"[{next(number)}/{steps}] the `{cfg.stage}` stage, in {run_dir}")
-    if cfg.stage == "iterative":  # rounds of labels, RM and PPO stages (lrlhf.rounds), on one process
-        from lrlhf.planning import _shared_overrides
-        from lrlhf.rounds import run_rounds
-
-        def compose_stage(recipe: str, extra: list[str]) -> DictConfig:
-            return compose_recipe(recipe, [*_shared_overrides(overrides), *(cfg.stage_overrides.get(recipe) or []),
-                                           *extra])
-
-        summary = run_rounds(cfg, run_dir, run_stage, compose_stage)
-    else:
-        summary = run_stage(cfg, run_dir)
+    summary = run_stage(cfg, run_dir, run_dir, overrides)
     entry = None
-    if zero and cfg.cache and cfg.stage in TRAINED_STAGES:  # a later recipe needing this one reuses it
+    if zero and cfg.cache and kind.trains:  # a later recipe needing this one reuses it
         entry = stage_entry(cfg, hydra_cfg.runtime.choices.recipe, overrides, compose_recipe)
     if zero and (reused or entry):
         summary.update({"reused": reused} if reused else {}, **({"cache_entry": entry.name} if entry else {}))
@@ -329,7 +172,7 @@ def run(cfg: DictConfig) -> dict:
         if entry:
             print(f"registered in the stage cache as {entry} (a recipe needing `{hydra_cfg.runtime.choices.recipe}` "
                   "with these settings reuses it)")
-    elif cfg.stage != "eval":  # rank 0 exported, evaluated and wrote the summary (eval: rank 0 alone, not yet)
+    elif kind.every_rank:  # rank 0 exported, evaluated and wrote the summary (eval: rank 0 alone, not yet)
         summary = json.loads((run_dir / "summary.json").read_text())
     close_process_group()
     return summary
@@ -338,7 +181,7 @@ def run(cfg: DictConfig) -> dict:
 def plan_line(cfg: DictConfig, todo: list, choices) -> str:
     """Before any work, what will train and how long each stage is, and the keys that change it (#36)."""
     parts = [f"{recipe} {dep.trainer.max_steps} steps" for recipe, dep, _ in todo]
-    if cfg.stage in TRAINED_STAGES:
+    if kind_of(cfg).trains:
         parts.append(f"{'then ' if parts else ''}{choices.recipe} {cfg.trainer.max_steps} steps")
     else:
         parts.append(f"{'then ' if parts else ''}{choices.recipe}")
@@ -346,13 +189,6 @@ def plan_line(cfg: DictConfig, todo: list, choices) -> str:
     keys = ", ".join(f"hparams.{stage}.max_steps=N" for stage in stages)
     return (f"plan: {', '.join(parts)} (sizes: hparams={choices.hparams}, model={choices.model}"
             + (f"; change with {keys}" if keys else "") + "; each stage shows its pace after its first step)")
-
-
-def _at(cfg: DictConfig, out_dir: Path) -> DictConfig:
-    cfg = cfg.copy()
-    with open_dict(cfg):
-        cfg.paths.run_dir = str(out_dir)
-    return cfg
 
 
 #: What a user's input can get wrong (a config value, a data file, a model folder, a refused resume) and the run-time
@@ -374,7 +210,8 @@ def _task(cfg: DictConfig) -> dict:
 
 
 def _refuse_moved_keys(args: list[str]) -> None:
-    """An override of a key that moved (Hydra would only say it is not in the struct) fails naming the new key."""
+    """An override of a key that moved (Hydra would only say it is not in the struct) fails naming the new key (until
+    lrlhf 0.2.0, with :data:`lrlhf.modules.ppo_config.MOVED_KEYS` and :mod:`lrlhf.callbacks.kl_control`)."""
     keys = [a.lstrip("+~").split("=", 1)[0] for a in args]
     if not any(k.startswith(("module.config.", "callbacks.kl_control")) for k in keys):
         return

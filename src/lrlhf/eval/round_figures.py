@@ -1,13 +1,12 @@
-"""The figures of iterative RLHF's rounds (:mod:`lrlhf.rounds`): a policy's samples on held-out prompts judged by the
-world's judge, a reward model's calibrated scores and pairwise accuracy on them, and the rounds' table and plot."""
+"""The figures of iterative RLHF's rounds (:mod:`lrlhf.run.rounds`): a policy's samples on held-out prompts judged by
+the world's judge, a reward model's calibrated scores and pairwise accuracy on them, and the rounds' table and plot."""
 
 from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
-
-from omegaconf import DictConfig
 
 from lrlhf.utils.io import atomic_write_text
 
@@ -51,27 +50,41 @@ def pair_accuracy(s_a: list[float], s_b: list[float], u_a: list[float], u_b: lis
 HELD_OUT_PAIRS = 2
 
 
-def held_out_samples(policy_folder: str, cfg: DictConfig, seed: int) -> dict:
-    """``2 * HELD_OUT_PAIRS`` samples of the policy per held-out prompt (``eval.prompts``) as pairs ``a[i]``,
+@dataclass(frozen=True)
+class HeldOut:
+    """Where and how the rounds' figures sample a policy: the run's ``eval`` settings."""
+
+    prompts: str
+    """The held-out prompt file (``eval.prompts``)."""
+    judge: object
+    """The world's judge (``eval.judge``: ``toy_gold``, ``rm:<folder>``, ``<module>:<callable>`` or a callable)."""
+    max_new_tokens: int
+    max_prompts: int | None = None
+    """The first N prompts only; None = all."""
+    max_prompt_length: int = 1024
+
+
+def held_out_samples(policy_folder: str, held_out: HeldOut, seed: int) -> dict:
+    """``2 * HELD_OUT_PAIRS`` samples of the policy per held-out prompt (``held_out.prompts``) as pairs ``a[i]``,
     ``b[i]`` (pair ``i`` belongs to prompt ``i // HELD_OUT_PAIRS``), and the world judge's utility of each."""
     from lrlhf.eval.judges import resolve_judge, score_responses
     from lrlhf.models.generation import SamplingConfig, generate_responses
 
-    prompts = held_out_prompts(cfg)
+    prompts = held_out_prompts(held_out)
     model, tokenizer = policy(policy_folder)
-    sampling = SamplingConfig(max_new_tokens=cfg.eval.max_new_tokens, temperature=1.0, seed=seed)
+    sampling = SamplingConfig(max_new_tokens=held_out.max_new_tokens, temperature=1.0, seed=seed)
     texts = generate_responses(model, tokenizer, [p for p in prompts for _ in range(2)], sampling, batch_size=64,
-                               max_prompt_length=cfg.eval.get("max_prompt_length") or 1024)
-    judge = resolve_judge(cfg.eval.judge, key="eval.judge")
+                               max_prompt_length=held_out.max_prompt_length)
+    judge = resolve_judge(held_out.judge, key="eval.judge")
     return {"a": texts[0::2], "b": texts[1::2], "u_a": score_responses(judge, prompts, texts[0::2]),
             "u_b": score_responses(judge, prompts, texts[1::2])}
 
 
-def held_out_prompts(cfg: DictConfig) -> list:
+def held_out_prompts(held_out: HeldOut) -> list:
     """The held-out prompts, each ``HELD_OUT_PAIRS`` times (one per pair of :func:`held_out_samples`)."""
     from lrlhf.data.formats import load_records
 
-    prompts = load_records(cfg.eval.prompts, "prompt", verbose=False)[0][:cfg.eval.get("max_prompts")]
+    prompts = load_records(held_out.prompts, "prompt", verbose=False)[0][:held_out.max_prompts]
     return [p for p in prompts for _ in range(HELD_OUT_PAIRS)]
 
 
@@ -134,5 +147,5 @@ def write_report(rows: list[dict], run_dir: Path) -> dict:
     return {"table": str(run_dir / "rounds.md"), "table_markdown": table, "plot": str(plot)}
 
 
-__all__ = ["HELD_OUT_PAIRS", "held_out_prompts", "held_out_samples", "pair_accuracy", "per_prompt", "policy",
+__all__ = ["HELD_OUT_PAIRS", "HeldOut", "held_out_prompts", "held_out_samples", "pair_accuracy", "per_prompt", "policy",
            "rm_scorer", "write_report"]
