@@ -337,7 +337,8 @@ def test_every_module_variant_composes_and_builds(group, option):
     # module/advantage, module/critic, module/kl_controller: config groups, each option one class by _target_
     from hydra.utils import get_class, instantiate
 
-    cfg = _compose(["recipe=ppo_lora", "paths.run_dir=.", "+deps={sft:.,rm:.}", f"module/{group}={option}"])
+    recipe = "dpo_lora" if group == "preference_loss" else "ppo_lora"
+    cfg = _compose([f"recipe={recipe}", "paths.run_dir=.", "+deps={sft:.,rm:.}", f"module/{group}={option}"])
     planning.validate(cfg)  # what run() checks before any stage is built
     node = cfg.module[group]
     assert type(instantiate(node)) is get_class(node._target_)
@@ -363,6 +364,8 @@ def test_the_recipes_choose_their_variants_and_removed_keys_name_the_new_ones():
             planning.validate(cfg)
         assert str(error.value).startswith(message)  # the key the user types, once
     for override, message in (("module.config.kl_coef=0.05", "module.config.kl_coef is gone: set module.kl_control"),
+                              ("+module.config.label_smoothing=0.1", "module.config.label_smoothing is gone: the "
+                                                                     "preference loss holds it"),
                               ("callbacks.kl_control.target=3", "callbacks.kl_control.target is gone")):
         with pytest.raises(SystemExit) as stop:  # without "+": Hydra alone would say "not in struct"
             cli._refuse_moved_keys(["recipe=ppo_lora", override])

@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from lrlhf.data.datamodules import PreferenceDataModule
 from lrlhf.data.toy import WorldSizes, build_world
+from lrlhf.functional import DPOLoss, IPOLoss, SimPOLoss
 from lrlhf.models import LoraSpec, ModelConfig, load_causal_lm
 from lrlhf.modules import DPOConfig, DPOModule
 
@@ -88,12 +89,41 @@ def test_loss_and_implicit_rewards_by_hand_with_the_tie_dropped():
 
 
 def test_label_smoothing_by_hand():
-    module = StubDPO(Bigram(PROBS), config=DPOConfig(beta=0.1, label_smoothing=0.2))
+    module = StubDPO(Bigram(PROBS), config=DPOConfig(beta=0.1), preference_loss=DPOLoss(label_smoothing=0.2))
     module.log = lambda *a, **kw: None
     z = 0.1 * math.log(4 / 4.8)
     # -(1 - s) log sigmoid(z) - s log sigmoid(-z), with -log sigmoid(x) = log(1 + e^-x)
     expected = 0.8 * math.log1p(math.exp(-z)) + 0.2 * math.log1p(math.exp(z))
     assert module.shared_step(_stub_batch(), "train").item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_ipo_divides_by_each_completions_target_tokens_from_the_loss_mask():
+    module = StubDPO(Bigram(PROBS), config=DPOConfig(beta=0.5), preference_loss=IPOLoss())
+    module.log = lambda *a, **kw: None
+    # pair 0 (the tie is dropped): chosen 2 target tokens, log-ratio log 4; rejected 3, log 4.8
+    margin = math.log(4) / 2 - math.log(4.8) / 3
+    assert module.shared_step(_stub_batch(), "train").item() == pytest.approx((margin - 1.0) ** 2, abs=1e-6)
+
+
+def test_simpo_runs_no_reference_pass():
+    module = StubDPO(Bigram(PROBS), config=DPOConfig(beta=2.0), preference_loss=SimPOLoss(gamma=0.5))
+    logged = {}
+    module.log = lambda name, value, **kw: logged.__setitem__(name, float(value))
+
+    def no_reference(batch):
+        raise AssertionError("a reference-free loss must not run the reference")
+
+    module.reference_logprobs = no_reference
+    d = math.log(0.25) / 2 - math.log(0.075) / 3  # mean token log-probs of the policy alone
+    loss = module.shared_step(_stub_batch(), "train")
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-(2.0 * d - 0.5))), abs=1e-6)
+    assert "train/ref_logp_margin" not in logged
+    assert logged["train/rewards_chosen"] == pytest.approx(2.0 * math.log(0.25) / 2, abs=1e-6)
+
+
+def test_a_preference_loss_must_be_one():
+    with pytest.raises(ValueError, match="module.preference_loss must be a PreferenceLoss"):
+        StubDPO(Bigram(PROBS), preference_loss=lambda *a: None)
 
 
 def test_a_batch_of_ties_gives_a_zero_loss():
@@ -205,7 +235,6 @@ def test_packed_batches_are_refused():
 
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("beta", 0.0, "module.config.beta must be > 0"),
-    ("label_smoothing", 0.5, r"module.config.label_smoothing must be in \[0, 0.5\)"),
     ("scheduler", "step", "module.config.scheduler must be one of"),
     ("lora", None, "module.config.lora must be a LoRA spec"),
 ])
@@ -239,3 +268,48 @@ def test_trainer_fit_and_validate_on_the_toy_world(world):
                 "val/logp_margin", "val/ref_logp_margin"):
         assert key in metrics and math.isfinite(metrics[key]), key
     assert 0.0 <= metrics["val/accuracy"] <= 1.0
+
+
+@pytest.mark.parametrize(("loss_type", "loss", "smoothing"), [
+    ("sigmoid", DPOLoss(), 0.0), ("ipo", IPOLoss(), 0.0), ("robust", None, 0.2)])
+def test_each_loss_is_trls_own_when_trl_is_installed(world, loss_type, loss, smoothing):
+    """TRL's ``DPOTrainer._compute_loss`` itself (``loss_type`` of the same name) on the same batch and models (the
+    policy merged, the reference the base) as an oracle at 1e-6: ``pip install --no-deps trl==1.12.0`` runs it (CI
+    does not install TRL; tests/functional/test_preference_losses.py checks the transcribed formulas always)."""
+    import copy
+    from collections import defaultdict
+
+    from lrlhf.functional import RobustDPOLoss
+
+    trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer", reason="TRL is not installed (the oracle is optional)")
+    torch.manual_seed(0)
+    loss = loss if loss is not None else RobustDPOLoss(smoothing)
+    module = DPOModule(ModelConfig(str(world.model)), config=DPOConfig(beta=0.3, lora=LoraSpec(r=4)),
+                       preference_loss=loss)
+    module.configure_model()
+    for name, p in module.model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.3)  # the policy differs from its reference
+    module.log = lambda *a, **kw: None
+    data = PreferenceDataModule(str(world.tokenizer), train=str(world.pref_train), batch_size=6, max_length=96,
+                                prefix_sharing=False)
+    data.setup("fit")
+    batch = next(iter(data.train_dataloader()))
+    batch = {k: v for k, v in batch.items()}
+    keep = batch["pair_targets"] != 0.5
+    assert bool(keep.all()), "the oracle batch has no tie"
+    ours = module.shared_step(batch, "train").item()
+    merged = copy.deepcopy(module.model).merge_and_unload()
+    reference = copy.deepcopy(module.model).unload()
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+              "completion_mask": batch["loss_mask"].long()}
+    accelerator = SimpleNamespace(device=torch.device("cpu"), gather_for_metrics=lambda x: x, gather=lambda x: x,
+                                  unwrap_model=lambda m: m)
+    stub = SimpleNamespace(model=merged.train(), ref_model=reference.eval(), accelerator=accelerator,
+                           aux_loss_enabled=False, precompute_ref_logps=False, ld_alpha=None,
+                           f_divergence_type="reverse_kl", loss_types=[loss_type], loss_weights=[1.0], beta=0.3,
+                           label_smoothing=smoothing, use_weighting=False, _total_train_tokens=0,
+                           _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+                           args=SimpleNamespace(gradient_checkpointing_kwargs=None))
+    theirs = trl_dpo.DPOTrainer._compute_loss(stub, merged, inputs, False).item()
+    assert abs(ours - theirs) < 1e-6, (ours, theirs)

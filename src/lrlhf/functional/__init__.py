@@ -27,12 +27,10 @@ from lrlhf.functional.kl import (
 )
 from lrlhf.functional.logprobs import entropy_from_logits, token_logprobs
 from lrlhf.functional.losses import (
-    DPOStats,
     KTOStats,
     PolicyLossStats,
     ValueLossStats,
     bradley_terry_loss,
-    dpo_loss,
     explained_variance,
     kto_loss,
     ppo_policy_loss,
@@ -47,13 +45,27 @@ from lrlhf.functional.masks import (
     masked_whiten,
     response_masks,
 )
+from lrlhf.functional.preference_losses import (
+    DPOLoss,
+    DPOStats,
+    IPOLoss,
+    PreferenceLoss,
+    RobustDPOLoss,
+    SimPOLoss,
+    dpo_loss,
+)
 from lrlhf.functional.preferences import margin_summary, pairwise_accuracy, ranking_pairs
 from lrlhf.functional.rewards import ShapedRewards, shape_rewards
 
 __all__ = [
     "KL_ESTIMATORS",
     "AdaptiveKLController",
+    "DPOLoss",
     "DPOStats",
+    "IPOLoss",
+    "PreferenceLoss",
+    "RobustDPOLoss",
+    "SimPOLoss",
     "EnsembleCombine",
     "EnsembleMean",
     "FixedKLController",

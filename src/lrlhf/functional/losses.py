@@ -42,22 +42,6 @@ class ValueLossStats(NamedTuple):
     value_mean: Tensor
 
 
-class DPOStats(NamedTuple):
-    """Detached tensors from :func:`dpo_loss`.
-
-    Fields:
-        chosen_rewards: ``(B,)`` implicit rewards ``beta * (log pi - log ref)`` of the chosen responses.
-        rejected_rewards: ``(B,)`` the same for the rejected ones.
-        reward_margin: scalar mean of ``chosen_rewards - rejected_rewards``.
-        accuracy: scalar fraction of pairs with ``chosen_rewards > rejected_rewards``.
-    """
-
-    chosen_rewards: Tensor
-    rejected_rewards: Tensor
-    reward_margin: Tensor
-    accuracy: Tensor
-
-
 def ppo_policy_loss(
     logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float
 ) -> tuple[Tensor, PolicyLossStats]:
@@ -189,43 +173,6 @@ def ranking_loss(rewards: Tensor, ranks: Tensor, group: Tensor, tie_target: floa
         0, pair_group, torch.ones_like(pair_losses)
     )
     return (group_sum / group_count).mean()
-
-
-def dpo_loss(
-    policy_chosen_logps: Tensor,
-    policy_rejected_logps: Tensor,
-    ref_chosen_logps: Tensor,
-    ref_rejected_logps: Tensor,
-    beta: float,
-    label_smoothing: float = 0.0,
-) -> tuple[Tensor, DPOStats]:
-    """DPO loss (Rafailov et al., 2023), mean over pairs.
-
-    ``h = (log pi_c - log ref_c) - (log pi_r - log ref_r)``;
-    ``loss = -(1 - s) log sigmoid(beta h) - s log sigmoid(-beta h)`` with label smoothing ``s``
-    (conservative DPO; ``s = 0`` is the original loss).
-
-    Args:
-        *_logps: ``(B,)`` summed log-probs of each response (response tokens only).
-        beta: strength of the implicit KL constraint.
-        label_smoothing: assumed probability that a label is flipped, in [0, 0.5).
-    """
-    if not 0.0 <= label_smoothing < 0.5:
-        raise ValueError(f"label_smoothing must be in [0, 0.5), got {label_smoothing}")
-    chosen_logratio = policy_chosen_logps - ref_chosen_logps.detach()
-    rejected_logratio = policy_rejected_logps - ref_rejected_logps.detach()
-    logits = beta * (chosen_logratio - rejected_logratio)
-    losses = -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
-    with torch.no_grad():
-        chosen_rewards = beta * chosen_logratio.detach()
-        rejected_rewards = beta * rejected_logratio.detach()
-        stats = DPOStats(
-            chosen_rewards=chosen_rewards,
-            rejected_rewards=rejected_rewards,
-            reward_margin=(chosen_rewards - rejected_rewards).mean(),
-            accuracy=(chosen_rewards > rejected_rewards).float().mean(),
-        )
-    return losses.mean(), stats
 
 
 class KTOStats(NamedTuple):

@@ -1,4 +1,4 @@
-"""Direct preference optimisation (Rafailov et al., 2023) with a LoRA policy adapter on a frozen base.
+"""Direct preference optimisation (Rafailov et al., 2023) and its variants, a LoRA policy adapter on a frozen base.
 
 Roles, as in PPO (``docs/architecture.md``): the **policy** is the base (usually the merged SFT model) plus the
 LoRA adapter ``policy``; the **reference** is the same base under :func:`lrlhf.models.reference_mode` (every
@@ -15,7 +15,8 @@ The steps of :meth:`DPOModule.training_step`:
 2. one no-grad reference forward over the same rows (:meth:`reference_logprobs`);
 3. drop the ties (``pair_targets == 0.5``: a tie says nothing about which side to raise, and DPO's loss has no
    symmetric target); every other pair counts as "chosen preferred" (the data module orients pairs that way);
-4. :meth:`compute_loss` (:func:`lrlhf.functional.dpo_loss` with ``beta`` and ``label_smoothing``);
+4. :meth:`compute_loss`: the preference loss object (``module.preference_loss``, :mod:`lrlhf.functional.
+   preference_losses`: DPO, cDPO, IPO, robust DPO, SimPO) with ``beta``; a reference-free loss (SimPO) skips step 2;
 5. log the loss, implicit rewards, their margin and accuracy, and the policy's chosen/rejected log-prob margins.
 """
 
@@ -30,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from lrlhf.data.shared_batches import is_shared, unshare_batch
-from lrlhf.functional import DPOStats, dpo_loss
+from lrlhf.functional import DPOLoss, DPOStats, PreferenceLoss
 from lrlhf.functional.prefix_sharing import shared_logprob_sums
 from lrlhf.models import (
     LoraSpec,
@@ -56,9 +57,8 @@ class DPOConfig(OptimConfig):
     """Hyperparameters of DPO (``module.config.*``; gradient clipping and accumulation are the Trainer's)."""
 
     beta: float = 0.1
-    """Strength of the implicit KL constraint: the implicit reward is ``beta * (log pi - log ref)``."""
-    label_smoothing: float = 0.0
-    """Assumed probability that a label is flipped (conservative DPO), in [0, 0.5); 0 = the original loss."""
+    """Strength of the implicit KL constraint: the implicit reward is ``beta * (log pi - log ref)`` (the scale every
+    preference loss has; SimPO's is on mean token log-probs, typically 2 to 2.5)."""
     lr: float = 5e-4
     """Peak AdamW learning rate."""
     lora: LoraSpec = field(default_factory=LoraSpec)
@@ -72,7 +72,6 @@ class DPOConfig(OptimConfig):
             self.lora = LoraSpec(**self.lora)
         checks = [
             ("beta", self.beta > 0, "must be > 0"),
-            ("label_smoothing", 0.0 <= self.label_smoothing < 0.5, "must be in [0, 0.5)"),
             ("lora", isinstance(self.lora, LoraSpec),
              "must be a LoRA spec (the reference is the base with the adapter disabled)"),
             ("adapter_name", bool(self.adapter_name), "must be a non-empty name"),
@@ -94,6 +93,14 @@ class PairLogprobs(NamedTuple):
     rejected: Tensor
 
 
+def completion_lengths(batch: dict[str, Tensor]) -> PairLogprobs:
+    """The target tokens of each side's completion (the per-token losses' divisor), from the batch's ``loss_mask``
+    (padded or prefix-shared: one row per completion, chosen first)."""
+    lengths = batch["loss_mask"].sum(-1)
+    n_pairs = batch["pair_targets"].shape[0]
+    return PairLogprobs(lengths[:n_pairs], lengths[n_pairs:])
+
+
 # ---------------------------------------------------------------------------------------------- module
 class DPOModule(StageOutputs, pl.LightningModule):
     """DPO on pair batches of :class:`lrlhf.data.PreferenceDataModule` (padded or prefix-shared, not packed).
@@ -102,13 +109,20 @@ class DPOModule(StageOutputs, pl.LightningModule):
         model: a :class:`ModelConfig` (loaded in :meth:`configure_model`) or a ready causal LM without adapters.
         tokenizer: saved by :meth:`export`; loaded from a ``ModelConfig`` when None.
         config: hyperparameters (:class:`DPOConfig`, or a dict of its fields).
+        preference_loss: a :class:`~lrlhf.functional.PreferenceLoss` (``module/preference_loss=dpo|cdpo|ipo|robust|
+            simpo``); None = :class:`~lrlhf.functional.DPOLoss` (the original DPO loss).
 
     Hooks to override: :meth:`sequence_logprobs` (summed completion log-probs of a batch), :meth:`compute_loss`.
     """
 
-    def __init__(self, model: ModelConfig | nn.Module, tokenizer=None, config: DPOConfig | dict | None = None):
+    def __init__(self, model: ModelConfig | nn.Module, tokenizer=None, config: DPOConfig | dict | None = None,
+                 preference_loss: PreferenceLoss | None = None):
         super().__init__()
         self.config = config if isinstance(config, DPOConfig) else DPOConfig(**(config or {}))
+        self.preference_loss = preference_loss if preference_loss is not None else DPOLoss()
+        if not isinstance(self.preference_loss, PreferenceLoss):
+            raise ValueError(f"module.preference_loss must be a PreferenceLoss (lrlhf.functional), got "
+                             f"{type(self.preference_loss).__name__}")
         self.model_config = model if isinstance(model, ModelConfig) else None
         self.model: nn.Module | None = None
         if self.model_config is None:
@@ -117,6 +131,8 @@ class DPOModule(StageOutputs, pl.LightningModule):
             tokenizer = load_tokenizer(self.model_config)
         self.tokenizer = tokenizer
         hparams = {"dpo": asdict(self.config)}
+        if preference_loss is not None:  # (a module built without one keeps the hyperparameters it had)
+            hparams["preference_loss"] = {"class": type(self.preference_loss).__name__, **vars(self.preference_loss)}
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
         self.save_hyperparameters(hparams)
@@ -165,17 +181,22 @@ class DPOModule(StageOutputs, pl.LightningModule):
         with reference_mode(self.model):
             return self.sequence_logprobs(batch)
 
-    def compute_loss(self, policy: PairLogprobs, reference: PairLogprobs) -> tuple[Tensor, DPOStats]:
-        """:func:`dpo_loss` over the (non-tie) pairs given: a scalar and the detached statistics."""
-        return dpo_loss(policy.chosen, policy.rejected, reference.chosen, reference.rejected,
-                        beta=self.config.beta, label_smoothing=self.config.label_smoothing)
+    def compute_loss(self, policy: PairLogprobs, reference: PairLogprobs | None,
+                     lengths: PairLogprobs | None = None) -> tuple[Tensor, DPOStats]:
+        """The preference loss over the (non-tie) pairs given (``reference`` None for a reference-free loss,
+        ``lengths`` the completions' token counts): a scalar and the detached statistics."""
+        ref = reference if reference is not None else PairLogprobs(None, None)
+        lens = lengths if lengths is not None else PairLogprobs(None, None)
+        return self.preference_loss(policy.chosen, policy.rejected, ref.chosen, ref.rejected, lens.chosen,
+                                    lens.rejected, self.config.beta)
 
     # ------------------------------------------------------------------------------------- steps
     def shared_step(self, batch: dict[str, Tensor], prefix: str) -> Tensor:
         # 1. policy: one forward over chosen + rejected
         policy = self.sequence_logprobs(batch)
-        # 2. reference: the same rows with the adapter disabled, no grad
-        reference = self.reference_logprobs(batch)
+        # 2. reference: the same rows with the adapter disabled, no grad (none for a reference-free loss)
+        reference = self.reference_logprobs(batch) if self.preference_loss.uses_reference else None
+        lengths = completion_lengths(batch)
         # 3. ties carry no direction: left out of the loss (a batch of ties only gives a zero loss, zero gradient)
         kept = batch["pair_targets"] != TIE  # (B,)
         n_kept = int(kept.sum())
@@ -184,9 +205,11 @@ class DPOModule(StageOutputs, pl.LightningModule):
             self.log(f"{prefix}/loss", loss, batch_size=1)
             return loss
         policy = PairLogprobs(policy.chosen[kept], policy.rejected[kept])
-        reference = PairLogprobs(reference.chosen[kept], reference.rejected[kept])
-        # 4. the DPO loss
-        loss, stats = self.compute_loss(policy, reference)
+        if reference is not None:
+            reference = PairLogprobs(reference.chosen[kept], reference.rejected[kept])
+        lengths = PairLogprobs(lengths.chosen[kept], lengths.rejected[kept])
+        # 4. the preference loss
+        loss, stats = self.compute_loss(policy, reference, lengths)
         # 5. log (means over the kept pairs; Lightning weights epoch means by batch_size)
         metrics = {
             "loss": loss.detach(),
@@ -197,8 +220,9 @@ class DPOModule(StageOutputs, pl.LightningModule):
             "logps_chosen": policy.chosen.detach().mean(),
             "logps_rejected": policy.rejected.detach().mean(),
             "logp_margin": (policy.chosen - policy.rejected).detach().mean(),
-            "ref_logp_margin": (reference.chosen - reference.rejected).mean(),
         }
+        if reference is not None:
+            metrics["ref_logp_margin"] = (reference.chosen - reference.rejected).mean()
         on_step = prefix == "train"
         for name, value in metrics.items():
             self.log(f"{prefix}/{name}", value, batch_size=n_kept, on_step=on_step, on_epoch=not on_step,

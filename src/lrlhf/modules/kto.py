@@ -25,7 +25,7 @@ from lrlhf.modules.dpo import DPOConfig, DPOModule, PairLogprobs
 
 @dataclass
 class KTOConfig(DPOConfig):
-    """Hyperparameters of KTO (``module.config.*``): DPO's, ``label_smoothing`` unused, and the two weights."""
+    """Hyperparameters of KTO (``module.config.*``): DPO's and the two weights."""
 
     desirable_weight: float = 1.0
     """``w_d``: weight of a desirable answer's loss (the paper keeps ``w_d n_d / (w_u n_u)`` in [1, 4/3])."""
@@ -37,8 +37,6 @@ class KTOConfig(DPOConfig):
         for key in ("desirable_weight", "undesirable_weight"):
             if not getattr(self, key) > 0:
                 raise ValueError(f"module.config.{key} must be > 0, got {getattr(self, key)!r}")
-        if self.label_smoothing:
-            raise ValueError(f"module.config.label_smoothing is DPO's; KTO has none, got {self.label_smoothing}")
 
 
 class KTOModule(DPOModule):

@@ -221,6 +221,9 @@ def _refuse_moved_keys(args: list[str]) -> None:
         if key.startswith("callbacks.kl_control"):
             raise SystemExit(f"lrlhf: error: {key} is gone: the KL controller is module.kl_controller "
                              "(module/kl_controller=adaptive|fixed, module.kl_controller.kl_coef=...)")
+        if key == "module.config.label_smoothing":  # DPO's, until lrlhf 0.2.0
+            raise SystemExit(f"lrlhf: error: {key} is gone: the preference loss holds it (module/preference_loss="
+                             "cdpo|robust|simpo, module.preference_loss.label_smoothing=...)")
         if key.startswith("module.config.") and key[len("module.config."):] in MOVED_KEYS:
             raise SystemExit(f"lrlhf: error: {key} is gone: set {MOVED_KEYS[key[len('module.config.'):]]}")
 
