@@ -152,8 +152,8 @@ def test_the_module_loss_is_kto_on_log_probs_computed_by_hand(world, tmp_path):
 def test_kto_config_names_its_keys():
     with pytest.raises(ValueError, match="module.config.desirable_weight must be > 0"):
         KTOConfig(desirable_weight=0)
-    with pytest.raises(ValueError, match="module.config.label_smoothing is DPO's"):
-        KTOConfig(label_smoothing=0.1)
+    with pytest.raises(ValueError, match="module.preference_loss is DPO's"):
+        KTOModule("unused", config=KTOConfig(), preference_loss=object())
 
 
 def test_the_loss_is_trls_own_when_trl_is_installed(world, tmp_path):

@@ -240,6 +240,31 @@ def test_a_subclass_hook_is_used_by_the_loop(world, tokenizer, tmp_path):
     assert trainer.callback_metrics["rollout/score"].item() == 3.0
 
 
+def test_the_module_optimises_its_policy_loss_object(world, tokenizer, tmp_path):
+    """``module.policy_loss`` is what the update minimises: a recording objective sees every minibatch, and a
+    module without one is PPO's clip at 0.2 on the token mean (the default recipes name it explicitly)."""
+    from lrlhf.functional import ClipHigher, ClipPPO, TokenMean
+
+    calls = []
+
+    class Recording(ClipHigher):
+        def __call__(self, *args):
+            calls.append(args[0].shape)
+            return super().__call__(*args)
+
+    module = _module(world, tokenizer)
+    assert module.surrogate == ClipPPO(0.2, TokenMean())
+    assert module.hparams["policy_loss"] == {"_target_": "lrlhf.functional.policy_losses.ClipPPO", "clip_eps": 0.2,
+                                             "aggregation": {"_target_": "lrlhf.functional.policy_losses.TokenMean"}}
+    module = _module(world, tokenizer)
+    module.surrogate = Recording(0.2, 0.28)
+    trainer = _fit(module, world, tokenizer, 1, tmp_path)
+    assert len(calls) == trainer.global_step > 0  # one call per optimiser step (no early stop)
+    with pytest.raises(ValueError, match="module.policy_loss must be a PolicyLoss"):
+        PPOModule(load_causal_lm(ModelConfig(str(world.model))), "unused", tokenizer, PPOConfig(max_new_tokens=8),
+                  policy_loss=lambda *a: None)
+
+
 class NanScore(PPOModule):
     def score(self, query_ids, query_mask, response_ids, masks):
         return torch.full((query_ids.shape[0],), float("nan"))
@@ -256,7 +281,7 @@ def test_non_finite_reward_stops_before_any_optimiser_step(world, tokenizer, tmp
 
 @pytest.mark.parametrize(
     ("kwargs", "key"),
-    [({"clip_eps": 1.5}, "module.config.clip_eps must be in (0, 1), got 1.5"),
+    [({"clip_eps": 0.3}, "module.config.clip_eps is gone: set module.policy_loss.clip_eps"),
      ({"temperature": 0.0}, "module.config.temperature must be > 0"),
      ({"kl_estimator": "k9"}, "module.config.kl_estimator must be one of"),
      # keys that moved to the estimator, the critic and the KL controller name their new key

@@ -49,7 +49,9 @@ class KTOModule(DPOModule):
     policy_name = "kto"
     summary_metrics = ("train/loss", "val/loss", "val/reward_margin", "val/kl")
 
-    def __init__(self, model, tokenizer=None, config: KTOConfig | dict | None = None):
+    def __init__(self, model, tokenizer=None, config: KTOConfig | dict | None = None, preference_loss=None):
+        if preference_loss is not None:
+            raise ValueError("module.preference_loss is DPO's; KTO's loss is its own (set it to null)")
         config = config if isinstance(config, KTOConfig) else KTOConfig(**(config or {}))
         super().__init__(model, tokenizer, config)
 

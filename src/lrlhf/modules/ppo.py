@@ -27,13 +27,14 @@ import torch
 from torch import Tensor, nn
 
 from lrlhf.functional import (
+    ClipPPO,
     FixedKLController,
     KLController,
+    PolicyLoss,
     ResponseMasks,
     ShapedRewards,
     entropy_from_logits,
     masked_mean,
-    ppo_policy_loss,
     response_masks,
     shape_rewards,
     token_logprobs,
@@ -72,6 +73,8 @@ class PPOModule(PPOStage, pl.LightningModule):
         advantage: an :class:`~lrlhf.modules.advantages.AdvantageEstimator`; None = ``GAE()``.
         critic: a :class:`~lrlhf.modules.critic.Critic`; None = a ``ValueAdapter()`` if the estimator needs one.
         kl_controller: a :class:`~lrlhf.functional.KLController`; None = ``FixedKLController()`` (beta 0.05).
+        policy_loss: the policy objective, a :class:`~lrlhf.functional.PolicyLoss` (``module/policy_loss=ppo_clip|
+            clip_higher|dual_clip|gspo``, its aggregation inside); None = ``ClipPPO()`` (clip 0.2, token mean).
         init_adapter: a saved ``policy`` adapter (a PPO stage's ``export/adapter``) the policy starts from instead
             of zero, e.g. the previous round of iterative RLHF; the reference stays the base (adapters off).
 
@@ -90,6 +93,7 @@ class PPOModule(PPOStage, pl.LightningModule):
         critic: Critic | None = None,
         kl_controller: KLController | None = None,
         init_adapter: str | Path | None = None,
+        policy_loss: PolicyLoss | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -110,6 +114,11 @@ class PPOModule(PPOStage, pl.LightningModule):
         self.calibration_spec = calibration if hasattr(calibration, "measure") else None  # measured in the run
         self.critic = critic if critic is not None or not self.advantage.needs_critic else ValueAdapter()
         self.kl_controller = kl_controller if kl_controller is not None else FixedKLController()
+        #: the policy objective :meth:`policy_loss` calls (``module.policy_loss``)
+        self.surrogate: PolicyLoss = policy_loss if policy_loss is not None else ClipPPO()
+        if not isinstance(self.surrogate, PolicyLoss):
+            raise ValueError(f"module.policy_loss must be a PolicyLoss (lrlhf.functional), got "
+                             f"{type(self.surrogate).__name__}")
         cfg = self.config
         self.sharing = GroupSharing(cfg.prefix_sharing, self.advantage.samples_per_prompt, cfg.minibatch_size,
                                     has_critic=self.critic is not None)
@@ -122,7 +131,8 @@ class PPOModule(PPOStage, pl.LightningModule):
         self.rollout_disagreement: Tensor | None = None  # an ensemble reward's per-sample one on the last rollout
         self._adapter_names: set[str] = set()
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling),
-                   **{k: component_settings(getattr(self, k)) for k in ("advantage", "critic", "kl_controller")}}
+                   **{k: component_settings(getattr(self, k)) for k in ("advantage", "critic", "kl_controller")},
+                   "policy_loss": component_settings(self.surrogate)}
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
         self.save_hyperparameters(hparams)
@@ -290,8 +300,9 @@ class PPOModule(PPOStage, pl.LightningModule):
         return self.advantage(rewards, values, action_mask)
 
     def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, action_mask: Tensor):
-        """Clipped surrogate (:func:`ppo_policy_loss`): ``(loss, PolicyLossStats)``."""
-        return ppo_policy_loss(logprobs, old_logprobs, advantages, action_mask, self.config.clip_eps)
+        """The policy objective (``self.surrogate``: PPO's clip, clip-higher, dual clip, GSPO):
+        ``(loss, PolicyLossStats)``."""
+        return self.surrogate(logprobs, old_logprobs, advantages, action_mask)
 
     def value_loss(self, values: Tensor, old_values: Tensor, returns: Tensor, action_mask: Tensor):
         """Clipped value loss (:func:`value_loss`, ``module.critic.value_clip_eps``): ``(loss, ValueLossStats)``."""

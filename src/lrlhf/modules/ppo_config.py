@@ -24,6 +24,8 @@ MOVED_KEYS = {
     "vf_coef": "module.critic.vf_coef", "value_clip_eps": "module.critic.value_clip_eps",
     "value_lora": "module.critic.lora",
     "value_from_policy": "module.critic._target_=lrlhf.modules.critic.SharedTrunk (module/critic=shared_trunk)",
+    "clip_eps": "module.policy_loss.clip_eps (module/policy_loss=ppo_clip|clip_higher|dual_clip|gspo picks the "
+                "objective)",
 }
 
 
@@ -59,8 +61,6 @@ class PPOConfig(OptimConfig):
     """Rows per optimiser step."""
     forward_batch_size: int = 32
     """Rows per no-grad scoring forward of the rollout."""
-    clip_eps: float = 0.2
-    """Epsilon of the clipped policy ratio."""
     target_kl: float | None = None
     """Early stop of a rollout's update (as OpenAI's baselines do): before each optimiser step, the minibatch's
     approximate KL between the old and the current policy (``mean(ratio - 1 - log ratio)`` over its tokens) is
@@ -96,6 +96,7 @@ class PPOConfig(OptimConfig):
     value_clip_eps: InitVar[object] = None
     value_lora: InitVar[object] = None
     value_from_policy: InitVar[object] = None
+    clip_eps: InitVar[object] = None
 
     def __post_init__(self, *moved):
         for key, value in zip(MOVED_KEYS, moved, strict=True):
@@ -116,7 +117,6 @@ class PPOConfig(OptimConfig):
             ("ppo_epochs", self.ppo_epochs >= 1, "must be >= 1"),
             ("minibatch_size", self.minibatch_size >= 1, "must be >= 1"),
             ("forward_batch_size", self.forward_batch_size >= 1, "must be >= 1"),
-            ("clip_eps", 0 < self.clip_eps < 1, "must be in (0, 1)"),
             ("target_kl", self.target_kl is None or self.target_kl > 0, "must be > 0 or None (off)"),
             ("entropy_coef", self.entropy_coef >= 0, "must be >= 0"),
             ("max_grad_norm", self.max_grad_norm is None or self.max_grad_norm > 0, "must be > 0 or None"),
@@ -146,6 +146,8 @@ def component_settings(component) -> dict | None:
     cls = type(component)
     if dataclasses.is_dataclass(component):
         settings = {f.name: getattr(component, f.name) for f in dataclasses.fields(component) if f.init}
+        settings = {k: component_settings(v) if dataclasses.is_dataclass(v) and not isinstance(v, type) else v
+                    for k, v in settings.items()}  # a nested component (a policy loss's aggregation)
     else:
         settings = component.settings() if hasattr(component, "settings") else {}
     return {"_target_": f"{cls.__module__}.{cls.__qualname__}", **settings}

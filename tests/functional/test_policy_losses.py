@@ -1,0 +1,142 @@
+"""PPO's policy objectives and loss aggregations (module/policy_loss=ppo_clip|clip_higher|dual_clip|gspo): PPO's
+clip bit for bit as before, each objective against a hand-computed case, TRL 1.12's GRPO loss (transcribed, fp64)
+for the clip-higher, GSPO and aggregation cases it has."""
+
+import math
+
+import pytest
+import torch
+
+from lrlhf.functional import (
+    GSPO,
+    ClipHigher,
+    ClipPPO,
+    DualClip,
+    SequenceMean,
+    SequenceSumNorm,
+    TokenMean,
+    ppo_policy_loss,
+)
+
+
+def _random(b=5, t=7, seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    old = -torch.rand(b, t, generator=g, dtype=dtype) * 3
+    new = old + torch.randn(b, t, generator=g, dtype=dtype) * 0.3
+    adv = torch.randn(b, t, generator=g, dtype=dtype)
+    mask = torch.rand(b, t, generator=g) > 0.3
+    mask[0] = False  # an empty row
+    return new, old, adv, mask
+
+
+def test_ppo_clip_is_the_surrogate_it_replaces_bit_for_bit():
+    for seed in range(3):
+        new, old, adv, mask = _random(seed=seed, dtype=torch.float32)
+        ours, our_stats = ClipPPO(0.2)(new, old, adv, mask)
+        theirs, their_stats = ppo_policy_loss(new, old, adv, mask, clip_eps=0.2)
+        assert torch.equal(ours, theirs)
+        assert all(torch.equal(a, b) for a, b in zip(our_stats, their_stats, strict=True))
+
+
+def _one(loss, ratio, advantage):
+    logp = torch.tensor([[math.log(ratio)]], dtype=torch.float64)
+    value, stats = loss(logp, torch.zeros(1, 1, dtype=torch.float64), torch.tensor([[advantage]],
+                        dtype=torch.float64), torch.ones(1, 1, dtype=torch.bool))
+    return value.item(), stats.clipfrac.item()
+
+
+def test_clip_higher_lets_a_good_token_grow_past_plain_clip():
+    assert _one(ClipPPO(0.2), 1.25, 1.0) == pytest.approx((-1.2, 1.0))  # PPO clips at 1.2
+    assert _one(ClipHigher(0.2, 0.28), 1.25, 1.0) == pytest.approx((-1.25, 0.0))  # under 1.28: not clipped
+    assert _one(ClipHigher(0.2, 0.28), 1.5, 1.0) == pytest.approx((-1.28, 1.0))
+    assert _one(ClipHigher(0.2, 0.28), 0.7, -1.0) == pytest.approx((0.8, 1.0))  # the low side stays 1 - 0.2
+
+
+def test_dual_clip_caps_a_bad_action_with_a_large_ratio():
+    assert _one(ClipPPO(0.2), 5.0, -1.0) == pytest.approx((5.0, 0.0))  # -A r grows without bound
+    assert _one(DualClip(0.2, 3.0), 5.0, -1.0) == pytest.approx((3.0, 1.0))  # capped at -c A
+    assert _one(DualClip(0.2, 3.0), 2.0, -1.0) == pytest.approx((2.0, 0.0))  # under the cap: PPO's
+    assert _one(DualClip(0.2, 3.0), 5.0, 1.0) == pytest.approx((-1.2, 1.0))  # a positive advantage: PPO's clip
+
+
+def test_gspo_uses_one_length_normalised_ratio_per_sequence():
+    logp = torch.tensor([[0.001, 0.003, 9.0]], dtype=torch.float64, requires_grad=True)  # the third is masked
+    mask = torch.tensor([[True, True, False]])
+    adv = torch.ones(1, 3, dtype=torch.float64)
+    loss, stats = GSPO(3e-4, 4e-4)(logp, torch.zeros(1, 3, dtype=torch.float64), adv, mask)
+    assert stats.ratio_mean.item() == pytest.approx(math.exp(0.002), abs=1e-12)  # exp(mean of 0.001, 0.003)
+    assert loss.item() == pytest.approx(-(1 + 4e-4), abs=1e-12)  # clipped at 1 + eps_high
+    small = torch.tensor([[1e-4, -1e-4]], dtype=torch.float64, requires_grad=True)
+    loss, _ = GSPO(3e-4, 4e-4)(small, torch.zeros(1, 2, dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64),
+                               torch.ones(1, 2, dtype=torch.bool))
+    loss.backward()  # unclipped: d(-s)/d logp_t = -s / T for every token of the sequence
+    assert torch.allclose(small.grad, torch.full((1, 2), -0.5, dtype=torch.float64), atol=1e-12)
+
+
+def test_aggregations_by_hand():
+    per_token = torch.tensor([[1.0, 3.0, 0.0], [2.0, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False]])
+    assert TokenMean()(per_token, mask).item() == pytest.approx(6 / 3)  # every token weighs the same
+    assert SequenceMean()(per_token, mask).item() == pytest.approx((2 + 2) / 2)  # every sequence weighs the same
+    assert SequenceSumNorm(tokens=4)(per_token, mask).item() == pytest.approx(6 / (2 * 4))
+
+
+def test_token_mean_does_not_depend_on_how_the_batch_is_cut():
+    """The token mean of a batch is the token-weighted mean of its parts' token means, however it is cut (DAPO):
+    each part weighted by its share of the tokens. The per-sequence mean of GRPO is not (a part's weight is its share
+    of the sequences)."""
+    new, old, adv, mask = _random(b=6, t=9, seed=4)
+    whole, _ = ClipPPO(0.2)(new, old, adv, mask)
+    for cut in (1, 2, 4):
+        parts = [(slice(0, cut), mask[:cut].sum()), (slice(cut, 6), mask[cut:].sum())]
+        combined = sum(ClipPPO(0.2)(new[s], old[s], adv[s], mask[s])[0] * n for s, n in parts) / mask.sum()
+        assert combined.item() == pytest.approx(whole.item(), abs=1e-12)
+
+
+# ------------------------------------------------------------------ TRL 1.12's GRPO loss, transcribed
+def _trl_grpo_loss(new, old, adv, mask, eps_low, eps_high, level, loss_type, max_completion_length=None):
+    """TRL 1.12 ``GRPOTrainer._compute_loss`` (trl/trainer/grpo_trainer.py; beta 0, no delta, no off-policy mask)."""
+    log_ratio = new - old
+    if level == "token":
+        log_w = log_ratio
+    else:
+        log_w = ((log_ratio * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).unsqueeze(-1)
+    coef_1 = torch.exp(log_w)
+    coef_2 = torch.clamp(coef_1, 1 - eps_low, 1 + eps_high)
+    per_token_loss = -torch.min(coef_1 * adv, coef_2 * adv)
+    mask = mask.to(per_token_loss.dtype)
+    if loss_type == "grpo":
+        return ((per_token_loss * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)).mean()
+    if loss_type in ("bnpo", "dapo"):
+        return (per_token_loss * mask).sum() / mask.sum().clamp(min=1.0)
+    if loss_type == "dr_grpo":
+        return (per_token_loss * mask).sum() / (per_token_loss.size(0) * max_completion_length)
+    raise ValueError(loss_type)
+
+
+def test_objectives_and_aggregations_are_trls_grpo_loss_in_fp64():
+    for seed in range(4):
+        new, old, adv, mask = _random(seed=seed)
+        seq_adv = adv[:, :1].expand_as(adv)  # GRPO / RLOO: one advantage per sequence
+        cases = [
+            (ClipHigher(0.2, 0.28, TokenMean()), adv, ("token", "dapo")),
+            (ClipHigher(0.2, 0.28, SequenceMean()), adv, ("token", "grpo")),
+            (ClipPPO(0.2, SequenceSumNorm(tokens=9)), adv, ("token", "dr_grpo")),
+            (GSPO(3e-4, 4e-4), seq_adv, ("sequence", "grpo")),
+        ]
+        for loss, a, (level, loss_type) in cases:
+            eps = (loss.eps_low, loss.eps_high) if hasattr(loss, "eps_low") else (loss.clip_eps, loss.clip_eps)
+            theirs = _trl_grpo_loss(new, old, a, mask, *eps, level, loss_type, max_completion_length=9)
+            ours, _ = loss(new, old, a, mask)
+            assert abs(ours.item() - theirs.item()) < 1e-12, (type(loss).__name__, loss_type)
+
+
+@pytest.mark.parametrize(("build", "message"), [
+    (lambda: ClipPPO(clip_eps=1.5), r"module.policy_loss.clip_eps must be in \(0, 1\)"),
+    (lambda: ClipHigher(eps_high=0.0), r"module.policy_loss.eps_high must be in \(0, 1\)"),
+    (lambda: DualClip(clip_c=1.0), "module.policy_loss.clip_c must be > 1"),
+    (lambda: SequenceSumNorm(tokens=0), "module.policy_loss.aggregation.tokens must be >= 1"),
+])
+def test_bad_settings_name_the_key(build, message):
+    with pytest.raises(ValueError, match=message):
+        build()
