@@ -208,11 +208,16 @@ def test_a_lora_reward_model_and_compile_padding_score_the_same(chatml, tiny_lla
 
 
 # -------------------------------------------------------------------------------------------------- DPO
+@pytest.mark.parametrize("loss", ["cdpo", "ipo"])
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_dpo_loss_and_gradients_equal_unshared(chatml, tiny_model, attention):
+def test_dpo_loss_and_gradients_equal_unshared(chatml, tiny_model, attention, loss):
+    """The preference loss and its gradients are the same on prefix-shared and padded batches: cDPO, and IPO, whose
+    per-token log-ratios take each completion's length from the batch's loss_mask in either layout."""
+    from lrlhf.functional import DPOLoss, IPOLoss
+
     pairs = _pairs(chatml)
-    module = DPOModule(_f64(tiny_model, attention), tokenizer=chatml,
-                       config=DPOConfig(lora=LoraSpec(r=4, alpha=8.0), label_smoothing=0.1))
+    module = DPOModule(_f64(tiny_model, attention), tokenizer=chatml, config=DPOConfig(lora=LoraSpec(r=4, alpha=8.0)),
+                       preference_loss=DPOLoss(label_smoothing=0.1) if loss == "cdpo" else IPOLoss())
     module.double()
     with torch.no_grad():  # LoRA's B starts at 0: move it, so policy and reference differ
         for name, param in module.named_parameters():
