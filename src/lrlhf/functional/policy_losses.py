@@ -105,6 +105,13 @@ class PolicyLoss:
         return loss, stats
 
 
+def clipped_surrogate(ratio: Tensor, advantages: Tensor, low: float, high: float) -> tuple[Tensor, Tensor]:
+    """``(-A r, max(-A r, -A clip(r, 1 - low, 1 + high)))`` per token: the plain and the clipped surrogate's loss."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)
+    return unclipped, torch.maximum(unclipped, clipped)
+
+
 def _check_eps(**eps: float) -> None:
     for key, value in eps.items():
         if not 0 < value < 1:
@@ -122,9 +129,7 @@ class ClipPPO(PolicyLoss):
         _check_eps(clip_eps=self.clip_eps)
 
     def per_token(self, ratio, advantages):
-        unclipped = -advantages * ratio
-        clipped = -advantages * ratio.clamp(1.0 - self.clip_eps, 1.0 + self.clip_eps)
-        return unclipped, torch.maximum(unclipped, clipped)
+        return clipped_surrogate(ratio, advantages, self.clip_eps, self.clip_eps)
 
 
 @dataclass
@@ -139,9 +144,7 @@ class ClipHigher(PolicyLoss):
         _check_eps(eps_low=self.eps_low, eps_high=self.eps_high)
 
     def per_token(self, ratio, advantages):
-        unclipped = -advantages * ratio
-        clipped = -advantages * ratio.clamp(1.0 - self.eps_low, 1.0 + self.eps_high)
-        return unclipped, torch.maximum(unclipped, clipped)
+        return clipped_surrogate(ratio, advantages, self.eps_low, self.eps_high)
 
 
 @dataclass
@@ -158,33 +161,24 @@ class DualClip(PolicyLoss):
             raise ValueError(f"module.policy_loss.clip_c must be > 1, got {self.clip_c}")
 
     def per_token(self, ratio, advantages):
-        unclipped = -advantages * ratio
-        clipped = torch.maximum(unclipped, -advantages * ratio.clamp(1.0 - self.clip_eps, 1.0 + self.clip_eps))
+        unclipped, clipped = clipped_surrogate(ratio, advantages, self.clip_eps, self.clip_eps)
         capped = torch.minimum(clipped, -advantages * self.clip_c)
         return unclipped, torch.where(advantages < 0, capped, clipped)
 
 
 @dataclass
-class GSPO(PolicyLoss):
-    """GSPO's sequence-level ratio (see the module docstring); its gradient reaches every token of the sequence
-    through the mean log-ratio."""
+class GSPO(ClipHigher):
+    """GSPO's sequence-level ratio, clipped as ClipHigher's (see the module docstring); its gradient reaches every
+    token of the sequence through the mean log-ratio."""
 
     eps_low: float = 3e-4
     eps_high: float = 4e-4
     aggregation: Aggregation = field(default_factory=SequenceMean)
 
-    def __post_init__(self):
-        _check_eps(eps_low=self.eps_low, eps_high=self.eps_high)
-
     def ratios(self, log_ratio, mask):
         per_sequence = masked_mean(log_ratio, mask, dim=-1)  # (B,)
         return torch.exp(per_sequence).unsqueeze(-1).expand_as(log_ratio)
 
-    def per_token(self, ratio, advantages):
-        unclipped = -advantages * ratio
-        clipped = -advantages * ratio.clamp(1.0 - self.eps_low, 1.0 + self.eps_high)
-        return unclipped, torch.maximum(unclipped, clipped)
-
 
 __all__ = ["GSPO", "Aggregation", "ClipHigher", "ClipPPO", "DualClip", "PolicyLoss", "SequenceMean",
-           "SequenceSumNorm", "TokenMean"]
+           "SequenceSumNorm", "TokenMean", "clipped_surrogate"]
