@@ -41,8 +41,9 @@ def main() -> None:
     from omegaconf import OmegaConf
 
     from lrlhf.data.formats import load_records
-    from lrlhf.eval.round_figures import HeldOut, held_out_prompts, held_out_samples, pair_accuracy, rm_scorer
+    from lrlhf.eval.round_figures import held_out_prompts, held_out_samples, pair_accuracy, rm_scorer
     from lrlhf.functional.stats import bootstrap_interval
+    from lrlhf.run.rounds import held_out_settings
 
     print(f"threads {args.threads}; {N_SAMPLES} samples per held-out prompt, sampling seed {args.seed}")
     pooled = []
@@ -61,8 +62,7 @@ def main() -> None:
               f"{sum(diff) / len(diff):+.3f} (95% paired bootstrap [{lo:+.3f}, {hi:+.3f}]); labels "
               f"{summary['labels_total']}, PPO steps {summary['ppo_steps_total']}")
         last_rm = iterative_run / f"round_{len(summary['rounds'])}" / "rm" / "model"
-        held_out = HeldOut(str(cfg.eval.prompts), cfg.eval.judge, int(cfg.eval.max_new_tokens),
-                           cfg.eval.get("max_prompts"), cfg.eval.get("max_prompt_length") or 1024)
+        held_out = held_out_settings(cfg)
         records = held_out_prompts(held_out)
         for name, policy, rm in (("single", single, cfg.module.reward_model), ("iterative", iterative, last_rm)):
             s = held_out_samples(policy, held_out, seed=args.seed + 7919)

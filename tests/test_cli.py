@@ -14,6 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import open_dict
 
 from lrlhf.run import cli, planning
+from lrlhf.run.stages import STAGES
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = sorted(p.stem for p in (ROOT / "recipes").glob("*.yaml"))
@@ -76,7 +77,7 @@ def _tiny(recipe):
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
     cfg = _compose([f"recipe={recipe}", f"paths.cache_dir={tmp_path}", "paths.run_dir=."])
-    assert cfg.stage in cli.STAGES
+    assert cfg.stage in STAGES
     first_line = (ROOT / "recipes" / f"{recipe}.yaml").read_text().splitlines()[0]
     assert first_line == f"# python train.py recipe={recipe}"  # each recipe opens with its launch command
 
@@ -364,8 +365,8 @@ def test_the_recipes_choose_their_variants_and_removed_keys_name_the_new_ones():
             planning.validate(cfg)
         assert str(error.value).startswith(message)  # the key the user types, once
     for override, message in (("module.config.kl_coef=0.05", "module.config.kl_coef is gone: set module.kl_control"),
-                              ("+module.config.label_smoothing=0.1", "module.config.label_smoothing is gone: the "
-                                                                     "preference loss holds it"),
+                              ("+module.config.label_smoothing=0.1", "module.config.label_smoothing is gone: set "
+                                                                     "module.preference_loss.label_smoothing"),
                               ("callbacks.kl_control.target=3", "callbacks.kl_control.target is gone")):
         with pytest.raises(SystemExit) as stop:  # without "+": Hydra alone would say "not in struct"
             cli._refuse_moved_keys(["recipe=ppo_lora", override])

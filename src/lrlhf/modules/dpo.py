@@ -45,10 +45,15 @@ from lrlhf.models import (
 )
 from lrlhf.models.shared_inputs import can_share, shared_inputs
 from lrlhf.modules.optim import OptimConfig, check_finite, check_finite_weights
+from lrlhf.modules.ppo_config import component_settings
 from lrlhf.modules.sft import ExportPaths
 from lrlhf.modules.stage import StageOutputs
 
 TIE = 0.5
+#: ``module.config`` keys of earlier versions and the keys that replaced them (refused naming the new by
+#: ``lrlhf.run.cli`` until lrlhf 0.2.0, as PPO's :data:`~lrlhf.modules.ppo_config.MOVED_KEYS`).
+DPO_MOVED_KEYS = {"label_smoothing": "module.preference_loss.label_smoothing (module/preference_loss=cdpo|robust|simpo "
+                                     "picks the loss)"}
 
 
 # ---------------------------------------------------------------------------------------------- config
@@ -131,8 +136,7 @@ class DPOModule(StageOutputs, pl.LightningModule):
             tokenizer = load_tokenizer(self.model_config)
         self.tokenizer = tokenizer
         hparams = {"dpo": asdict(self.config)}
-        if preference_loss is not None:  # (a module built without one keeps the hyperparameters it had)
-            hparams["preference_loss"] = {"class": type(self.preference_loss).__name__, **vars(self.preference_loss)}
+        hparams["preference_loss"] = component_settings(self.preference_loss)
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
         self.save_hyperparameters(hparams)

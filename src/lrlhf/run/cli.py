@@ -34,7 +34,7 @@ from lrlhf.run.planning import (
     start_build,
     world_of,
 )
-from lrlhf.run.stages import STAGES, TRAINED_STAGES, kind_of, run_stage  # noqa: F401  (STAGES: the recipes' test)
+from lrlhf.run.stages import TRAINED_STAGES, kind_of, run_stage
 from lrlhf.run.training import at_folder
 from lrlhf.utils.console import print_summary
 from lrlhf.utils.distributed import close_process_group
@@ -172,7 +172,7 @@ def run(cfg: DictConfig) -> dict:
         if entry:
             print(f"registered in the stage cache as {entry} (a recipe needing `{hydra_cfg.runtime.choices.recipe}` "
                   "with these settings reuses it)")
-    elif kind.every_rank:  # rank 0 exported, evaluated and wrote the summary (eval: rank 0 alone, not yet)
+    elif kind.summary_for_every_rank:  # rank 0 exported, evaluated and wrote the summary
         summary = json.loads((run_dir / "summary.json").read_text())
     close_process_group()
     return summary
@@ -211,21 +211,21 @@ def _task(cfg: DictConfig) -> dict:
 
 def _refuse_moved_keys(args: list[str]) -> None:
     """An override of a key that moved (Hydra would only say it is not in the struct) fails naming the new key (until
-    lrlhf 0.2.0, with :data:`lrlhf.modules.ppo_config.MOVED_KEYS` and :mod:`lrlhf.callbacks.kl_control`)."""
+    lrlhf 0.2.0: PPO's and DPO's moved ``module.config`` keys, and :mod:`lrlhf.callbacks.kl_control`)."""
     keys = [a.lstrip("+~").split("=", 1)[0] for a in args]
     if not any(k.startswith(("module.config.", "callbacks.kl_control")) for k in keys):
         return
+    from lrlhf.modules.dpo import DPO_MOVED_KEYS
     from lrlhf.modules.ppo_config import MOVED_KEYS
 
+    moved = {**MOVED_KEYS, **DPO_MOVED_KEYS}
     for key in keys:
         if key.startswith("callbacks.kl_control"):
             raise SystemExit(f"lrlhf: error: {key} is gone: the KL controller is module.kl_controller "
                              "(module/kl_controller=adaptive|fixed, module.kl_controller.kl_coef=...)")
-        if key == "module.config.label_smoothing":  # DPO's, until lrlhf 0.2.0
-            raise SystemExit(f"lrlhf: error: {key} is gone: the preference loss holds it (module/preference_loss="
-                             "cdpo|robust|simpo, module.preference_loss.label_smoothing=...)")
-        if key.startswith("module.config.") and key[len("module.config."):] in MOVED_KEYS:
-            raise SystemExit(f"lrlhf: error: {key} is gone: set {MOVED_KEYS[key[len('module.config.'):]]}")
+        name = key.removeprefix("module.config.")
+        if name != key and name in moved:
+            raise SystemExit(f"lrlhf: error: {key} is gone: set {moved[name]}")
 
 
 def _sized_for_the_machine(args: list[str]) -> list[str]:

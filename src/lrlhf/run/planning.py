@@ -22,7 +22,7 @@ import socket
 from collections.abc import Callable
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from lrlhf.utils.io import recover_folder
 
@@ -46,7 +46,6 @@ def world_of(node):
     """The world object (:mod:`lrlhf.data.worlds`) of a ``world`` config node, its values resolved but ``dir`` (the
     CLI's) and ``judge`` (it may name a stage the caller does not need)."""
     from hydra.utils import instantiate
-    from omegaconf import ListConfig
 
     content = {}
     for key in node:
@@ -58,10 +57,8 @@ def world_of(node):
     try:
         return instantiate(content, _convert_="all")
     except Exception as err:  # a bad world value: name the key
-        cause = err
-        while cause.__cause__ is not None:
-            cause = cause.__cause__
-        raise ValueError(str(cause) if str(cause).startswith("world.") else f"world: {cause}") from err
+        cause = str(_root_cause(err))
+        raise ValueError(cause if cause.startswith("world.") else f"world: {cause}") from err
 
 
 def world_dir(cfg: DictConfig) -> Path:
@@ -128,11 +125,10 @@ def compose_recipe(recipe: str, overrides: list[str]) -> DictConfig:
     return compose(config_name="train", overrides=[f"recipe={recipe}", *overrides])
 
 
-def compose_needed(cfg: DictConfig, recipe: str, launch_overrides: list[str], extra: list[str] = ()) -> DictConfig:
-    """The config of a stage ``cfg`` runs itself (an iterative round's RM): ``recipe`` with the launch's shared
-    overrides, ``cfg.stage_overrides.<recipe>`` and ``extra``."""
-    return compose_recipe(recipe, [*_shared_overrides(launch_overrides), *(cfg.stage_overrides.get(recipe) or []),
-                                   *extra])
+def needed_overrides(cfg: DictConfig, name: str, launch_overrides: list[str], extra: list[str] = ()) -> list[str]:
+    """The overrides a stage ``cfg`` needs (``needs.<name>``, or a stage it runs itself: an iterative round's RM) is
+    composed with: the launch's shared ones, ``cfg.stage_overrides.<name>``, then ``extra``."""
+    return [*_shared_overrides(launch_overrides), *(cfg.stage_overrides.get(name) or []), *extra]
 
 
 def stage_key(cfg: DictConfig) -> str:
@@ -186,8 +182,7 @@ def plan(cfg: DictConfig, overrides: list[str], compose: Callable = compose_reci
     for name, recipe in (cfg.needs or {}).items():
         if recipe is None:  # e.g. judge: ${world.judge_recipe} on a world with gold
             continue
-        extra = list(cfg.stage_overrides.get(name) or [])
-        dep = compose(recipe, _shared_overrides(overrides) + extra)
+        dep = compose(recipe, needed_overrides(cfg, name, overrides))
         todo += [t for t in plan(dep, overrides, compose, inside, recover) if all(t[2] != u[2] for u in todo)]
         out_dir = (inside / name) if inside is not None else cache_folder(dep, recipe)
         with open_dict(dep):

@@ -48,10 +48,9 @@ from lrlhf.eval.round_figures import (
     rm_scorer,
     write_report,
 )
-from lrlhf.run.planning import check_resume, compose_needed
+from lrlhf.run.planning import check_resume, compose_recipe, needed_overrides
 from lrlhf.run.training import at_folder, fit_stage
-from lrlhf.utils.io import atomic_write_text, swap_folder_in
-from lrlhf.utils.io import write_json_lines as write_jsonl
+from lrlhf.utils.io import atomic_write_text, swap_folder_in, write_json_lines
 
 RM_INITS = ("sft", "previous")
 REFERENCES = ("sft", "previous")
@@ -222,18 +221,23 @@ def check_start(cfg: DictConfig, run_dir: Path) -> tuple[list[dict], list, int]:
     return initial, fresh, per_round
 
 
+def held_out_settings(cfg: DictConfig) -> HeldOut:
+    """Where and how the rounds' figures sample a policy: the run's ``eval`` node as :class:`HeldOut`."""
+    ev = cfg.eval
+    return HeldOut(str(ev.prompts), ev.judge, int(ev.max_new_tokens), ev.get("max_prompts"),
+                   ev.get("max_prompt_length") or 1024)
+
+
 # ---------------------------------------------------------------------------------------------- loop
 class RoundLoop:
     """Runs the rounds of ``cfg`` (see the module docstring) in ``run_dir``; ``overrides``: the launch's overrides,
-    of which the RM stages take the shared ones (:func:`lrlhf.run.planning.compose_needed`)."""
+    of which the RM stages take the shared ones (:func:`lrlhf.run.planning.needed_overrides`)."""
 
     def __init__(self, cfg: DictConfig, run_dir: Path, overrides: list[str]):
         from hydra.utils import instantiate
 
         self.cfg, self.run_dir, self.overrides = cfg, run_dir, list(overrides)
-        ev = cfg.eval
-        self.held_out = HeldOut(str(ev.prompts), ev.judge, int(ev.max_new_tokens), ev.get("max_prompts"),
-                                ev.get("max_prompt_length") or 1024)
+        self.held_out = held_out_settings(cfg)
         self.rounds: Rounds = instantiate(cfg.rounds.settings, _convert_="all")
         self.annotator = instantiate(cfg.rounds.annotator, _convert_="all")
         self.resuming = cfg.get("ckpt_path") is not None
@@ -273,7 +277,7 @@ class RoundLoop:
             pairs = self.pairs(r, fresh)
             labels = self.annotator.label(pairs, r) if pairs else []
             rows = [preference_record(p, lab, round=r) for p, lab in zip(pairs, labels, strict=True) if lab is not None]
-        write_jsonl(path, rows)
+        write_json_lines(path, rows)
         return rows
 
     def pairs(self, r: int, fresh: list) -> list[Pair]:
@@ -296,7 +300,8 @@ class RoundLoop:
                       "labels)")
             used = {"prompts_from": start, "prompts_to": start + n, "pairs": len(pairs)}
             atomic_write_text(self.folder(r) / "labelling.json", json.dumps(used) + "\n")
-            write_jsonl(path, [{"prompt": p.prompt.prompt, "meta": p.prompt.meta, "a": p.a, "b": p.b} for p in pairs])
+            rows = [{"prompt": p.prompt.prompt, "meta": p.prompt.meta, "a": p.a, "b": p.b} for p in pairs]
+            write_json_lines(path, rows)
         return [Pair(PromptExample(row["prompt"], meta=row["meta"]), row["a"], row["b"]) for row in _read_jsonl(path)]
 
     def reward_model(self, r: int) -> Path:
@@ -307,13 +312,13 @@ class RoundLoop:
         for earlier in range(1, r + 1):
             lines = _read_jsonl(self.folder(earlier) / "labels.jsonl")
             train += lines if earlier == r else replayed(lines, self.rounds.replay, f"{self.rounds.seed}:{r}:{earlier}")
-        write_jsonl(self.folder(r) / "rm_train.jsonl", train)
+        write_json_lines(self.folder(r) / "rm_train.jsonl", train)
         overrides = [f"data.train={self.folder(r) / 'rm_train.jsonl'}", "logger=none"]
         if self.rounds.rm_steps is not None:
             overrides.append(f"trainer.max_steps={self.rounds.rm_steps}")
         if self.rounds.rm_init == "previous" and r > 1:
             overrides.append(f"module.model.name_or_path={self.folder(r - 1) / 'rm' / 'model'}")
-        sub = compose_needed(self.cfg, "rm", self.overrides, overrides)
+        sub = compose_recipe("rm", needed_overrides(self.cfg, "rm", self.overrides, overrides))
         with open_dict(sub):
             sub.world.dir, sub.deps, sub.logger = self.cfg.world.dir, {"sft": self.cfg.deps.sft}, None
         building = self.folder(r) / ".rm.building"
@@ -428,4 +433,5 @@ def run_rounds(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> dict:
     return RoundLoop(cfg, run_dir, overrides).run()
 
 
-__all__ = ["RoundLoop", "Rounds", "check_start", "on_policy_pairs", "prompt_pool", "replayed", "run_rounds"]
+__all__ = ["RoundLoop", "Rounds", "check_start", "held_out_settings", "on_policy_pairs", "prompt_pool", "replayed",
+           "run_rounds"]

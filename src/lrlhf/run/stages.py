@@ -33,8 +33,9 @@ class StageKind:
     launch's (the stages a kind runs itself take the shared ones)."""
     check_start: Callable[[DictConfig, Path], object] | None = None
     """On global rank 0, once the world is built and before any stage is: a check of the run folder and data."""
-    every_rank: bool = True
-    """Every process of a launch runs it (False: global rank 0 alone; the others return at once)."""
+    summary_for_every_rank: bool = True
+    """The other ranks of a launch read the summary rank 0 wrote once the stage ran (False: ``eval``, which rank 0
+    runs alone while the others return at once)."""
 
 
 def _fit(cfg, out_dir, final_dir, overrides):
@@ -44,7 +45,7 @@ def _fit(cfg, out_dir, final_dir, overrides):
 KINDS: dict[str, StageKind] = {
     **{name: StageKind(trains=True, run=_fit) for name in ("sft", "rm", "ppo", "dpo", "kto")},
     "eval": StageKind(trains=False, run=lambda cfg, out, final, overrides: run_eval_stage(cfg, out, final),
-                      every_rank=False),
+                      summary_for_every_rank=False),
     "rm_ensemble": StageKind(trains=False, run=lambda cfg, out, final, overrides: run_ensemble(cfg, out, final)),
     "iterative": StageKind(trains=False, run=lambda cfg, out, final, overrides: run_rounds(cfg, out, overrides),
                            check_start=check_start),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -42,8 +43,6 @@ def atomic_write_text(path: str | Path, text: str) -> Path:
 def write_json_lines(path: str | Path, rows: list[dict]) -> Path:
     """Plain dicts as canonical JSON lines (sorted keys, UTF-8 as is), atomically. Typed records (SFT examples,
     pairs, rankings, prompts) are :func:`lrlhf.data.writers.write_jsonl`'s."""
-    import json
-
     return atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False, sort_keys=True) + "\n" for r in rows))
 
 
