@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from lrlhf.callbacks import KLControlCallback
-from lrlhf.functional import AdaptiveKLController, FixedKLController
+from lrlhf.functional import AdaptiveKLController, FixedKLController, KLInReward
 from lrlhf.modules import PPOConfig, PPOModule
 
 from .conftest import make_data, make_module, make_trainer
@@ -15,7 +15,7 @@ from .conftest import make_data, make_module, make_trainer
 
 def _update(controller, kl, n=16, estimator="k1"):
     """PPOModule.update_kl_controller, once, on a stand-in module (one process: the global mean is the KL)."""
-    module = SimpleNamespace(kl_controller=controller, config=PPOConfig(kl_estimator=estimator))
+    module = SimpleNamespace(kl_controller=controller, config=PPOConfig(), kl_penalty=KLInReward(estimator))
     return PPOModule.update_kl_controller(module, {"rollout/kl_seq": kl, "rollout/size": float(n)})
 
 

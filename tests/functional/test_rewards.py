@@ -74,3 +74,26 @@ def test_row_without_actions_gets_no_score():
 def test_kl_coef_as_tensor():
     out = shape_rewards(torch.zeros(2), LOGP, REF, MASKS.action_mask, MASKS.terminal_index, kl_coef=torch.tensor(0.5))
     torch.testing.assert_close(out.rewards, -0.5 * out.kl)
+
+
+# ------------------------------------------------------------------ overlong responses (module/overlong, #33)
+def test_soft_overlong_penalty_is_dapos_ramp_by_hand():
+    from lrlhf.functional.rewards import SoftOverlongPenalty
+
+    lengths = torch.tensor([2, 4, 5, 7, 8])
+    has_eos = torch.tensor([True, True, True, True, False])
+    penalty = SoftOverlongPenalty(cache_tokens=4, penalty=0.5).penalty(lengths, has_eos, max_new_tokens=8)
+    assert penalty.tolist() == pytest.approx([0.0, 0.0, 0.125, 0.375, 0.5])  # 0 up to 8 - 4, then linear to 0.5
+    with pytest.raises(ValueError, match="module.overlong.cache_tokens=9 is longer than the budget"):
+        SoftOverlongPenalty(cache_tokens=9).penalty(lengths, has_eos, max_new_tokens=8)
+    with pytest.raises(ValueError, match="module.overlong.cache_tokens must be >= 1"):
+        SoftOverlongPenalty(cache_tokens=0)
+
+
+def test_overlong_mask_keeps_finished_and_empty_rows():
+    from lrlhf.functional.rewards import Overlong, OverlongMask
+
+    lengths, has_eos = torch.tensor([3, 8, 0]), torch.tensor([True, False, False])
+    assert OverlongMask().keep(lengths, has_eos).tolist() == [True, False, True]
+    assert Overlong().keep(lengths, has_eos).tolist() == [True, True, True]
+    assert Overlong().penalty(lengths, has_eos, 8).tolist() == [0.0, 0.0, 0.0]

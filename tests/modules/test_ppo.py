@@ -44,9 +44,11 @@ def _batch(world, tokenizer):
     return next(iter(data.train_dataloader()))
 
 
-def _module(world, tokenizer, cls=PPOModule, advantage=None, critic=None, kl_coef=0.05, reward=None, **overrides):
+def _module(world, tokenizer, cls=PPOModule, advantage=None, critic=None, kl_coef=0.05, reward=None, parts=None,
+            **overrides):
     """The toy PPO module: GAE and a ``value`` adapter of rank 4 unless ``advantage`` / ``critic`` say otherwise; the
-    reward a random-head reward model on the toy model unless ``reward`` names another."""
+    reward a random-head reward model on the toy model unless ``reward`` names another; ``parts``: more components
+    by keyword (``policy_loss``, ``kl_penalty``, ``off_policy``, ``overlong``)."""
     config = dict(max_new_tokens=8, ppo_epochs=2, minibatch_size=2, forward_batch_size=3, lr=5e-2,
                   policy_lora=LoraSpec(r=4))
     config.update(overrides)
@@ -56,7 +58,7 @@ def _module(world, tokenizer, cls=PPOModule, advantage=None, critic=None, kl_coe
     torch.manual_seed(0)
     reward = reward if reward is not None else ScalarModel(load_causal_lm(ModelConfig(str(world.model))))
     module = cls(load_causal_lm(ModelConfig(str(world.model))), reward, tokenizer, PPOConfig(**config),
-                 advantage=advantage, critic=critic, kl_controller=FixedKLController(kl_coef))
+                 advantage=advantage, critic=critic, kl_controller=FixedKLController(kl_coef), **(parts or {}))
     module.configure_model()
     return module
 
@@ -283,7 +285,7 @@ def test_non_finite_reward_stops_before_any_optimiser_step(world, tokenizer, tmp
     ("kwargs", "key"),
     [({"clip_eps": 0.3}, "module.config.clip_eps is gone: set module.policy_loss.clip_eps"),
      ({"temperature": 0.0}, "module.config.temperature must be > 0"),
-     ({"kl_estimator": "k9"}, "module.config.kl_estimator must be one of"),
+     ({"kl_estimator": "k3"}, "module.config.kl_estimator is gone: set module.kl_penalty.estimator"),
      # keys that moved to the estimator, the critic and the KL controller name their new key
      ({"advantage_estimator": "rloo"}, "module.config.advantage_estimator is gone: set module.advantage._target_"),
      ({"kl_coef": 0.1}, "module.config.kl_coef is gone: set module.kl_controller.kl_coef"),

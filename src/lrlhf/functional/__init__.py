@@ -16,9 +16,13 @@ from lrlhf.functional.ensemble_rules import (
 )
 from lrlhf.functional.kl import (
     KL_ESTIMATORS,
+    LOSS_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
     KLController,
+    KLInLoss,
+    KLInReward,
+    KLPenalty,
     kl_abs,
     kl_k1,
     kl_k2,
@@ -71,6 +75,7 @@ from lrlhf.functional.rewards import ShapedRewards, shape_rewards
 __all__ = [
     "GSPO",
     "KL_ESTIMATORS",
+    "LOSS_ESTIMATORS",
     "AdaptiveKLController",
     "Aggregation",
     "ClipHigher",
@@ -83,6 +88,9 @@ __all__ = [
     "FixedKLController",
     "IPOLoss",
     "KLController",
+    "KLInLoss",
+    "KLInReward",
+    "KLPenalty",
     "KTOStats",
     "MeanMinusStd",
     "PolicyLoss",

@@ -32,31 +32,51 @@ import torch
 from torch import Tensor
 
 from lrlhf.functional.losses import PolicyLossStats
-from lrlhf.functional.masks import masked_mean
+from lrlhf.functional.masks import masked_mean, masked_sum
 
 
 # ------------------------------------------------------------------------------------------ aggregation
 class Aggregation:
-    """``(B, T)`` per-token losses and their mask -> the minibatch's scalar loss."""
+    """``(B, T)`` per-token losses and their mask -> the minibatch's scalar loss, ``numerator / denominator``.
+
+    The two parts are separate so that a minibatch cut into micro-batches (gradient accumulation) gives the same
+    loss and gradient as the whole: each micro-batch's ``numerator`` over the *whole minibatch's* ``denominator``,
+    summed (:meth:`lrlhf.modules.PPOModule.update`). Dividing each micro-batch by its own denominator would weigh a
+    token by the length of the micro-batch it happened to land in.
+    """
+
+    def numerator(self, per_token: Tensor, mask: Tensor) -> Tensor:
+        """The part that sums over rows (a micro-batch's share)."""
+        raise NotImplementedError
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        """The normaliser, computed on the whole minibatch's ``(B, T)`` mask."""
+        raise NotImplementedError
 
     def __call__(self, per_token: Tensor, mask: Tensor) -> Tensor:
-        raise NotImplementedError
+        return self.numerator(per_token, mask) / self.denominator(mask)
 
 
 @dataclass
 class TokenMean(Aggregation):
-    """The mean over every valid token of the minibatch."""
+    """The mean over every valid token of the minibatch (an empty minibatch gives 0)."""
 
-    def __call__(self, per_token: Tensor, mask: Tensor) -> Tensor:
-        return masked_mean(per_token, mask)
+    def numerator(self, per_token: Tensor, mask: Tensor) -> Tensor:
+        return masked_sum(per_token, mask)
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        return mask.float().sum().clamp(min=1)
 
 
 @dataclass
 class SequenceMean(Aggregation):
     """The mean over the minibatch's sequences of each one's token mean (an empty sequence counts 0)."""
 
-    def __call__(self, per_token: Tensor, mask: Tensor) -> Tensor:
-        return masked_mean(per_token, mask, dim=-1).mean()
+    def numerator(self, per_token: Tensor, mask: Tensor) -> Tensor:
+        return masked_mean(per_token, mask, dim=-1).sum()
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        return mask.new_tensor(float(max(mask.shape[0], 1)), dtype=torch.float32)
 
 
 @dataclass
@@ -69,8 +89,11 @@ class SequenceSumNorm(Aggregation):
         if self.tokens < 1:
             raise ValueError(f"module.policy_loss.aggregation.tokens must be >= 1, got {self.tokens}")
 
-    def __call__(self, per_token: Tensor, mask: Tensor) -> Tensor:
-        return (per_token * mask).sum() / (per_token.shape[0] * self.tokens)
+    def numerator(self, per_token: Tensor, mask: Tensor) -> Tensor:
+        return (per_token * mask).sum()
+
+    def denominator(self, mask: Tensor) -> Tensor:
+        return mask.new_tensor(float(max(mask.shape[0], 1) * self.tokens), dtype=torch.float32)
 
 
 # ------------------------------------------------------------------------------------------ objectives
@@ -87,13 +110,29 @@ class PolicyLoss:
         """``(unclipped, chosen)``: the plain surrogate's loss ``-A r`` and the objective's, per token."""
         raise NotImplementedError
 
-    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor,
-                 mask: Tensor) -> tuple[Tensor, PolicyLossStats]:
+    def __call__(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, *,
+                 weights: Tensor | None = None, extra: Tensor | None = None,
+                 denominator: Tensor | None = None) -> tuple[Tensor, PolicyLossStats]:
+        """``(loss, stats)`` of the ``(B, T)`` tokens where ``mask`` holds.
+
+        Args:
+            weights: ``(B, T)`` per-token factors of the objective (no gradient), e.g. the off-policy correction's
+                importance weights (:mod:`lrlhf.functional.off_policy`); None = 1.
+            extra: ``(B, T)`` a per-token term added after the weights and before the aggregation, e.g.
+                ``beta * kl`` (:class:`~lrlhf.functional.kl.KLInLoss`).
+            denominator: the aggregation's denominator of the whole minibatch when this call sees one micro-batch
+                of it; None = this call's own.
+        """
         log_ratio = logprobs - old_logprobs.detach()
         ratio = self.ratios(log_ratio, mask)
         advantages = advantages.detach()
         unclipped, chosen = self.per_token(ratio, advantages)
-        loss = self.aggregation(chosen, mask)
+        per_token = chosen if weights is None else chosen * weights.detach()
+        if extra is not None:
+            per_token = per_token + extra
+        if denominator is None:
+            denominator = self.aggregation.denominator(mask)
+        loss = self.aggregation.numerator(per_token, mask) / denominator
         with torch.no_grad():
             valid = mask.bool()
             stats = PolicyLossStats(

@@ -70,3 +70,55 @@ def shape_rewards(
     rows = torch.nonzero(terminal_index >= 0).squeeze(-1)
     rewards = rewards.index_put((rows, terminal_index[rows]), scores[rows], accumulate=True)
     return ShapedRewards(rewards=rewards, kl=kl, scores=scores)
+
+
+class Overlong:
+    """What to do with responses that run up to the token budget (``module/overlong=mask|soft_penalty``; DAPO,
+    Yu et al. 2025, sec. 3.4): a truncated answer's score judges an answer that was never finished.
+
+    ``penalty`` is subtracted from the sequence score; ``keep`` says which rows the policy loss learns from.
+    """
+
+    def penalty(self, lengths: Tensor, has_eos: Tensor, max_new_tokens: int) -> Tensor:
+        """``(B,)`` subtracted from the score (0 = none)."""
+        return torch.zeros(lengths.shape, dtype=torch.float32, device=lengths.device)
+
+    def keep(self, lengths: Tensor, has_eos: Tensor) -> Tensor:
+        """``(B,)`` bool: the rows whose tokens the policy loss averages over."""
+        return torch.ones(lengths.shape, dtype=torch.bool, device=lengths.device)
+
+
+class OverlongMask(Overlong):
+    """DAPO's overlong filtering: a truncated response (no EOS within the budget) is left out of the policy loss
+    (its tokens neither count nor weigh); its score still feeds the baselines and the critic."""
+
+    def keep(self, lengths: Tensor, has_eos: Tensor) -> Tensor:
+        return has_eos.bool() | (lengths == 0)
+
+
+class SoftOverlongPenalty(Overlong):
+    """DAPO's soft overlong punishment: 0 up to ``max_new_tokens - cache_tokens`` tokens, then a linear ramp to
+    ``-penalty`` at the budget: ``penalty * clamp((len - (L - cache)) / cache, 0, 1)`` is subtracted from the score.
+
+    Args:
+        cache_tokens: the length of the ramp (DAPO's ``L_cache``), ``1 <= cache_tokens <= max_new_tokens``.
+        penalty: its size at the budget, in the units of the (calibrated) score.
+    """
+
+    def __init__(self, cache_tokens: int = 4, penalty: float = 1.0):
+        if cache_tokens < 1:
+            raise ValueError(f"module.overlong.cache_tokens must be >= 1, got {cache_tokens!r}")
+        if not penalty >= 0:
+            raise ValueError(f"module.overlong.penalty must be >= 0, got {penalty!r}")
+        self.cache_tokens, self.penalty_size = int(cache_tokens), float(penalty)
+
+    def settings(self) -> dict:
+        return {"cache_tokens": self.cache_tokens, "penalty": self.penalty_size}
+
+    def penalty(self, lengths: Tensor, has_eos: Tensor, max_new_tokens: int) -> Tensor:
+        if self.cache_tokens > max_new_tokens:
+            raise ValueError(f"module.overlong.cache_tokens={self.cache_tokens} is longer than the budget "
+                             f"module.config.max_new_tokens={max_new_tokens}")
+        start = max_new_tokens - self.cache_tokens
+        ramp = ((lengths.float() - start) / self.cache_tokens).clamp(0.0, 1.0)
+        return self.penalty_size * ramp

@@ -30,16 +30,18 @@ from lrlhf.functional import (
     ClipPPO,
     FixedKLController,
     KLController,
+    KLInReward,
+    KLPenalty,
     PolicyLoss,
     ResponseMasks,
     ShapedRewards,
-    entropy_from_logits,
-    masked_mean,
     response_masks,
     shape_rewards,
     token_logprobs,
     value_loss,
 )
+from lrlhf.functional.off_policy import OffPolicyCorrection
+from lrlhf.functional.rewards import Overlong
 from lrlhf.models import ModelConfig, ScalarModel, add_adapters, load_adapter_weights, load_causal_lm, load_tokenizer
 from lrlhf.models import reference_mode as _reference_mode
 from lrlhf.models.generation import eos_token_ids, sample_with_logprobs
@@ -50,6 +52,7 @@ from lrlhf.modules.group_sharing import GroupSharing
 from lrlhf.modules.guards import PPOGuards, Precision
 from lrlhf.modules.ppo_config import MOVED_KEYS, PPOConfig, component_settings
 from lrlhf.modules.ppo_stage import PPOStage
+from lrlhf.modules.ppo_update import PPOUpdate
 from lrlhf.modules.rewards import RewardAdapter, RewardEnsemble, RewardScores, RewardSource, reward_source
 from lrlhf.modules.rollout import Rollout, Sampled, check_finite, log_synced, rollout_stats, row_chunks, sequence_inputs
 from lrlhf.strategies import full_params_for_generation
@@ -57,7 +60,7 @@ from lrlhf.utils.distributed import any_across_ranks, forward_is_collective, glo
 from lrlhf.utils.errors import InvariantError
 
 
-class PPOModule(PPOStage, pl.LightningModule):
+class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
     """PPO with LoRA roles on one frozen base (see the module docstring).
 
     Args:
@@ -75,6 +78,14 @@ class PPOModule(PPOStage, pl.LightningModule):
         kl_controller: a :class:`~lrlhf.functional.KLController`; None = ``FixedKLController()`` (beta 0.05).
         policy_loss: the policy objective, a :class:`~lrlhf.functional.PolicyLoss` (``module/policy_loss=ppo_clip|
             clip_higher|dual_clip|gspo``, its aggregation inside); None = ``ClipPPO()`` (clip 0.2, token mean).
+        kl_penalty: where the KL goes (``module/kl_penalty=in_reward|in_loss``, :class:`~lrlhf.functional.KLPenalty`);
+            None = ``KLInReward()`` (k1 per action in the reward).
+        off_policy: the sampler/trainer correction (``module/off_policy=truncated_is|masked_is``,
+            :mod:`lrlhf.functional.off_policy`): the old log-probs are then the trainer's forward, and each token's
+            policy loss is weighted by ``pi_old / mu`` bounded at a cap; None = off (the sampler's are the old ones).
+        overlong: what truncated responses get (``module/overlong=mask|soft_penalty``,
+            :class:`~lrlhf.functional.rewards.Overlong`); None = nothing (``module.config.missing_eos_penalty``
+            still applies).
         init_adapter: a saved ``policy`` adapter (a PPO stage's ``export/adapter``) the policy starts from instead
             of zero, e.g. the previous round of iterative RLHF; the reference stays the base (adapters off).
 
@@ -94,6 +105,9 @@ class PPOModule(PPOStage, pl.LightningModule):
         kl_controller: KLController | None = None,
         init_adapter: str | Path | None = None,
         policy_loss: PolicyLoss | None = None,
+        kl_penalty: KLPenalty | None = None,
+        off_policy: OffPolicyCorrection | None = None,
+        overlong: Overlong | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -119,7 +133,14 @@ class PPOModule(PPOStage, pl.LightningModule):
         if not isinstance(self.surrogate, PolicyLoss):
             raise ValueError(f"module.policy_loss must be a PolicyLoss (lrlhf.functional), got "
                              f"{type(self.surrogate).__name__}")
+        #: where the KL goes (``module.kl_penalty``), the sampler/trainer correction, the truncated responses' lot
+        self.kl_penalty: KLPenalty = kl_penalty if kl_penalty is not None else KLInReward()
+        self.off_policy: OffPolicyCorrection | None = off_policy
+        self.overlong: Overlong = overlong if overlong is not None else Overlong()
         cfg = self.config
+        if off_policy is not None and cfg.recompute_old_logprobs is False:
+            raise ValueError("module.off_policy corrects the sampler's log-probs against the trainer's forward: it "
+                             "needs module.config.recompute_old_logprobs=null or true, got false")
         self.sharing = GroupSharing(cfg.prefix_sharing, self.advantage.samples_per_prompt, cfg.minibatch_size,
                                     has_critic=self.critic is not None)
         self.guards = PPOGuards(cfg.check_invariants, cfg.first_ratio_tolerance, cfg.recompute_old_logprobs)
@@ -131,7 +152,8 @@ class PPOModule(PPOStage, pl.LightningModule):
         self.rollout_disagreement: Tensor | None = None  # an ensemble reward's per-sample one on the last rollout
         self._adapter_names: set[str] = set()
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling),
-                   **{k: component_settings(getattr(self, k)) for k in ("advantage", "critic", "kl_controller")},
+                   **{k: component_settings(getattr(self, k))
+                      for k in ("advantage", "critic", "kl_controller", "kl_penalty", "off_policy", "overlong")},
                    "policy_loss": component_settings(self.surrogate)}
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
@@ -271,14 +293,17 @@ class PPOModule(PPOStage, pl.LightningModule):
 
     def compute_rewards(self, raw_scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor,
                         masks: ResponseMasks) -> tuple[Tensor, ShapedRewards]:
-        """``(calibrated scores, shaped rewards)``: the frozen calibration, then :func:`shape_rewards`
-        (missing-EOS penalty, clip, ``-beta * KL`` per action, the score once at the terminal index)."""
+        """``(calibrated scores, shaped rewards)``: the frozen calibration, the overlong penalty, then
+        :func:`shape_rewards` (missing-EOS penalty, clip, ``-beta * KL`` per action unless the KL is in the loss,
+        the score once at the terminal index)."""
         calibration = self.reward_calibration()
         scores = calibration.normalise(raw_scores) if calibration is not None else raw_scores
         cfg = self.config
+        scores = scores - self.overlong.penalty(masks.lengths, masks.has_eos, cfg.max_new_tokens)
+        beta = 0.0 if self.kl_penalty.in_loss else self.kl_controller.value  # in the loss: the rewards carry none
         shaped = shape_rewards(
-            scores, logprobs, ref_logprobs, masks.action_mask, masks.terminal_index, self.kl_controller.value,
-            cfg.kl_estimator, has_eos=masks.has_eos, missing_eos_penalty=cfg.missing_eos_penalty,
+            scores, logprobs, ref_logprobs, masks.action_mask, masks.terminal_index, beta,
+            self.kl_penalty.measure, has_eos=masks.has_eos, missing_eos_penalty=cfg.missing_eos_penalty,
             score_clip=cfg.score_clip,
         )
         return scores, shaped
@@ -299,10 +324,10 @@ class PPOModule(PPOStage, pl.LightningModule):
         """``(advantages, returns)``, ``(B, R)`` each: the estimator (``module.advantage``)."""
         return self.advantage(rewards, values, action_mask)
 
-    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, action_mask: Tensor):
-        """The policy objective (``self.surrogate``: PPO's clip, clip-higher, dual clip, GSPO):
-        ``(loss, PolicyLossStats)``."""
-        return self.surrogate(logprobs, old_logprobs, advantages, action_mask)
+    def policy_loss(self, logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, action_mask: Tensor, **terms):
+        """The policy objective (``self.surrogate``: PPO's clip, clip-higher, dual clip, GSPO): ``(loss,
+        PolicyLossStats)``; ``terms``: its ``weights``, ``extra`` and ``denominator`` (:class:`PolicyLoss`)."""
+        return self.surrogate(logprobs, old_logprobs, advantages, action_mask, **terms)
 
     def value_loss(self, values: Tensor, old_values: Tensor, returns: Tensor, action_mask: Tensor):
         """Clipped value loss (:func:`value_loss`, ``module.critic.value_clip_eps``): ``(loss, ValueLossStats)``."""
@@ -313,7 +338,7 @@ class PPOModule(PPOStage, pl.LightningModule):
         ``kl/beta_next`` (the next rollout's beta), the KL fed ``kl/seq_sum_<estimator>``, ``kl/<controller stat>``."""
         kl_seq, size = global_weighted_mean(stats["rollout/kl_seq"], stats["rollout/size"])
         self.kl_controller.update(kl_seq, n_steps=int(size))
-        return {"kl/beta_next": self.kl_controller.value, f"kl/seq_sum_{self.config.kl_estimator}": kl_seq,
+        return {"kl/beta_next": self.kl_controller.value, f"kl/seq_sum_{self.kl_penalty.measure}": kl_seq,
                 **{f"kl/{k}": v for k, v in self.kl_controller.stats().items()}}
 
     # ------------------------------------------------------------------------------------- rollout
@@ -326,8 +351,12 @@ class PPOModule(PPOStage, pl.LightningModule):
         query_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
         # 2. sample (exact ids kept; the sampling log-probs, and a shared trunk's values, with them)
         response_ids, sampled_logprobs, sampled_values = self.sample(query_ids, query_mask)  # (B, R) each
-        if self.guards.recompute_old_logprobs(self.compute_precision):
-            sampled_logprobs = sampled_values = None
+        sampler_logprobs = sampled_logprobs  # mu: what the tokens were drawn from
+        if self.off_policy is not None and sampler_logprobs is None:
+            raise ValueError(f"module.off_policy needs the sampler's log-probs: {type(self).__name__}.sample "
+                             "returned none (Sampled(ids) alone)")
+        if self.off_policy is not None or self.guards.recompute_old_logprobs(self.compute_precision):
+            sampled_logprobs = sampled_values = None  # the old log-probs (and values) from the trainer's forwards
         # 3. masks from the sampled ids
         masks = response_masks(response_ids, self.eos_token_ids, self.pad_token_id)
         # 4. no-grad scoring in micro-batches (policy and value only when sampling gave none)
@@ -357,6 +386,8 @@ class PPOModule(PPOStage, pl.LightningModule):
             logprobs=scored["logprobs"], ref_logprobs=scored["ref_logprobs"], values=values,
             raw_scores=scored["raw_scores"], scores=scores, rewards=shaped.rewards, kl=shaped.kl,
             advantages=advantages, returns=returns,
+            policy_mask=masks.action_mask & self.overlong.keep(masks.lengths, masks.has_eos)[:, None],
+            sampler_logprobs=(scored["logprobs"] if sampler_logprobs is None else sampler_logprobs.float()),
         )
         check_finite(rollout, self.rollouts_done)
         return rollout
@@ -394,103 +425,23 @@ class PPOModule(PPOStage, pl.LightningModule):
             self.log_dict(self.update_kl_controller(stats), batch_size=len(rollout))  # the same on every rank
         self.rollouts_done += 1
 
-    def update(self, rollout: Rollout) -> dict[str, float]:
-        """Step 7: ``ppo_epochs`` x shuffled minibatches; returns the mean of each statistic."""
-        cfg = self.config
-        optimizer, scheduler = self.optimizers(), self.lr_schedulers()
-        sums: dict[str, float] = {}
-        count, first_deviation, stopped_early = 0, None, False
-        critic_only = self.in_value_warmup()  # the critic's warm-up: the policy does not move
-        groups = self.sharing.groups(self.model, rollout.query_ids.shape[1], rollout.response_ids.shape[1])
-        for epoch in range(cfg.ppo_epochs):
-            order = self.sharing.minibatch_order(len(rollout), groups, rollout.query_ids.device)  # whole groups
-            for start in range(0, len(rollout), cfg.minibatch_size):
-                mb = rollout.select(order[start:start + cfg.minibatch_size])
-                logprobs, logits, values = self.policy_value_forward(mb.query_ids, mb.query_mask, mb.response_ids)
-                if epoch == 0 and start == 0:  # the weights have not moved yet: the ratio must be 1
-                    first_deviation = self.guards.first_ratio(logprobs, mb.logprobs, mb.action_mask,
-                                                              self.compute_precision, self.rollouts_done)
-                loss, pstats = self.policy_loss(logprobs, mb.logprobs, mb.advantages, mb.action_mask)
-                # the epoch early stop: the policy moved too far from the sampling one (every rank stops together)
-                if cfg.target_kl is not None and any_across_ranks(float(pstats.approx_kl) > cfg.target_kl):
-                    stopped_early = True
-                    break
-                step = {"ppo/policy_loss": loss.detach(), "ppo/approx_kl": pstats.approx_kl,
-                        "ppo/clipfrac": pstats.clipfrac, "ppo/ratio_mean": pstats.ratio_mean}
-                with torch.set_grad_enabled(cfg.entropy_coef > 0 and not critic_only):
-                    entropy = masked_mean(entropy_from_logits(logits, cfg.temperature), mb.action_mask)
-                step["ppo/entropy"] = entropy.detach()
-                if cfg.entropy_coef > 0 and not critic_only:
-                    loss = loss - cfg.entropy_coef * entropy
-                if critic_only:
-                    loss = loss.new_zeros(())
-                if values is not None:
-                    vloss, vstats = self.value_loss(values, mb.values, mb.returns, mb.action_mask)
-                    loss = loss + self.critic.vf_coef * vloss
-                    step.update({"ppo/value_loss": vloss.detach(), "ppo/value_clipfrac": vstats.clipfrac,
-                                 "ppo/value_mean": vstats.value_mean})
-                self.guards.check_loss(loss, self.rollouts_done, count)
-                optimizer.zero_grad()
-                self.manual_backward(loss)
-                if cfg.max_grad_norm is not None:
-                    self.clip_gradients(optimizer, gradient_clip_val=cfg.max_grad_norm, gradient_clip_algorithm="norm")
-                optimizer.step()
-                scheduler.step()
-                for key, value in step.items():
-                    sums[key] = sums.get(key, 0.0) + float(value)
-                sums["ppo/ratio_max"] = max(sums.get("ppo/ratio_max", 0.0), float(pstats.ratio_max))
-                count += 1
-            if stopped_early:
-                break
-        out = {k: (v if k == "ppo/ratio_max" else v / count) for k, v in sums.items()} if count else {}
-        out["ppo/optimizer_steps"] = float(count)
-        out["ppo/stopped_early"] = float(stopped_early)  # target_kl reached (the rest of the update skipped)
-        out["ppo/value_warmup"] = float(critic_only)
-        if first_deviation is not None:
-            out["guard/first_ratio_deviation"] = first_deviation  # mean |ratio - 1| before the first step
-        return out
-
     def in_value_warmup(self) -> bool:
         """True while the critic trains alone (``module.critic.warmup_rollouts``, the first N rollouts)."""
         return self.critic is not None and self.rollouts_done < self.critic.warmup_rollouts
 
     def rollout_stats(self, rollout: Rollout) -> dict[str, float]:
         """Per-rollout statistics (:func:`~lrlhf.modules.rollout.rollout_stats`); with an ensemble reward,
-        ``reward/ensemble_std``: the members' mean disagreement (std of their calibrated scores) on this rollout."""
+        ``reward/ensemble_std``: the members' mean disagreement (std of their calibrated scores) on this rollout; with
+        an off-policy correction its ``offpolicy/*``; with an overlong rule ``rollout/policy_token_frac``."""
         stats = rollout_stats(rollout, self.kl_controller.value, with_values=self.critic is not None)
+        if self.off_policy is not None:  # how far the sampler is from the trainer, and what the correction did
+            stats.update(self.off_policy.stats(rollout.logprobs, rollout.sampler_logprobs, rollout.action_mask))
+        if type(self.overlong) is not Overlong:  # the share of tokens the policy loss learns from
+            kept = rollout.policy_mask.sum() / rollout.action_mask.sum().clamp(min=1)
+            stats["rollout/policy_token_frac"] = float(kept)
         if self.rollout_disagreement is not None:
             stats["reward/ensemble_std"] = float(self.rollout_disagreement.mean())
         return stats
-
-    def configure_optimizers(self):
-        cfg = self.config
-        if cfg.total_steps is None and (cfg.scheduler != "constant" or cfg.warmup_steps):
-            raise ValueError(f"module.config.total_steps must be set (in optimiser steps) for scheduler "
-                             f"{cfg.scheduler!r} with warmup; see PPOModule.updates_per_rollout")
-        max_steps = self.trainer.max_steps if self._trainer is not None else None
-        if cfg.scheduler != "constant" and max_steps is not None and (max_steps < 0 or max_steps > cfg.total_steps):
-            # The schedule's length is fixed (a resumed run keeps it); past it the LR would stay at 0: steps wasted
-            raise ValueError(f"trainer.max_steps={max_steps} is past module.config.total_steps={cfg.total_steps}: "
-                             f"the {cfg.scheduler!r} LR schedule reaches 0 there and every later step would train "
-                             f"nothing. Set both (hparams.ppo.max_steps=N sets both on the toy scale), or "
-                             f"module.config.scheduler=constant to extend a run")
-        return cfg.optimizers(self, total_steps=1)  # constant (or total_steps set): the length is not needed
-
-    # ----------------------------------------------------------------------------------- checkpoint
-    def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Besides the weights: the KL controller's state (beta; its settings are the config's), the rollouts done
-        and a calibration measured in the run."""
-        checkpoint["kl_controller"] = self.kl_controller.state_dict()
-        checkpoint["rollouts_done"] = self.rollouts_done
-        if isinstance(self.calibration, RewardCalibration):
-            checkpoint["calibration"] = asdict(self.calibration)
-
-    def on_load_checkpoint(self, checkpoint: dict) -> None:
-        if "kl_controller" in checkpoint:
-            self.kl_controller.load_state_dict(checkpoint["kl_controller"])
-        self.rollouts_done = checkpoint.get("rollouts_done", 0)
-        if "calibration" in checkpoint:
-            self.calibration = RewardCalibration(**checkpoint["calibration"])
 
 
 __all__ = ["MOVED_KEYS", "PPOConfig", "PPOModule", "RewardAdapter", "RewardEnsemble", "Rollout", "Sampled",

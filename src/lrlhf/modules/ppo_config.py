@@ -1,12 +1,12 @@
 """Hyperparameters of PPO (``module.config``) and the keys that moved from it to the estimator, the critic and the
-KL controller (``module.advantage``, ``module.critic``, ``module.kl_controller``)."""
+KL controller (``module.advantage``, ``module.critic``, ``module.kl_controller``, ``module.policy_loss``,
+``module.kl_penalty``)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import InitVar, dataclass
 
-from lrlhf.functional import KL_ESTIMATORS
 from lrlhf.models import LoraSpec
 from lrlhf.models.decoding import DECODING
 from lrlhf.models.generation import SamplingConfig
@@ -26,6 +26,7 @@ MOVED_KEYS = {
     "value_from_policy": "module.critic._target_=lrlhf.modules.critic.SharedTrunk (module/critic=shared_trunk)",
     "clip_eps": "module.policy_loss.clip_eps (module/policy_loss=ppo_clip|clip_higher|dual_clip|gspo picks the "
                 "objective)",
+    "kl_estimator": "module.kl_penalty.estimator (module/kl_penalty=in_reward|in_loss picks where the KL goes)",
 }
 
 
@@ -49,8 +50,6 @@ class PPOConfig(OptimConfig):
     """Group estimators (k samples per prompt, no critic): encode each prompt once in the rollout's scoring and
     update forwards (:mod:`lrlhf.modules.group_sharing`); ``auto`` where the prompts are at least a tenth of the
     columns, ``true``, ``false``. Shared update minibatches hold whole groups."""
-    kl_estimator: str = "k1"
-    """Per-token KL estimator in the reward (and the KL the controller sees): a name in :data:`KL_ESTIMATORS`."""
     missing_eos_penalty: float | None = None
     """Subtracted from the score of a response that hit ``max_new_tokens`` without EOS; None = off."""
     score_clip: float | None = None
@@ -59,6 +58,10 @@ class PPOConfig(OptimConfig):
     """Passes over each rollout."""
     minibatch_size: int = 8
     """Rows per optimiser step."""
+    micro_batch_size: int | None = None
+    """Rows per forward/backward within a minibatch (gradient accumulation: less memory, the same step); None = the
+    whole minibatch at once. Every loss is normalised over the whole minibatch (the policy loss by its
+    aggregation's denominator), so the step does not depend on the cut."""
     forward_batch_size: int = 32
     """Rows per no-grad scoring forward of the rollout."""
     target_kl: float | None = None
@@ -97,6 +100,7 @@ class PPOConfig(OptimConfig):
     value_lora: InitVar[object] = None
     value_from_policy: InitVar[object] = None
     clip_eps: InitVar[object] = None
+    kl_estimator: InitVar[object] = None
 
     def __post_init__(self, *moved):
         for key, value in zip(MOVED_KEYS, moved, strict=True):
@@ -112,10 +116,11 @@ class PPOConfig(OptimConfig):
             ("decoding_bucket", self.decoding_bucket >= 1, "must be >= 1"),
             ("prefix_sharing", isinstance(self.prefix_sharing, bool) or self.prefix_sharing == "auto",
              "must be auto, true or false"),
-            ("kl_estimator", self.kl_estimator in KL_ESTIMATORS, f"must be one of {sorted(KL_ESTIMATORS)}"),
             ("score_clip", self.score_clip is None or self.score_clip > 0, "must be > 0 or None"),
             ("ppo_epochs", self.ppo_epochs >= 1, "must be >= 1"),
             ("minibatch_size", self.minibatch_size >= 1, "must be >= 1"),
+            ("micro_batch_size", self.micro_batch_size is None or 1 <= self.micro_batch_size <= self.minibatch_size,
+             "must be in [1, module.config.minibatch_size] or None"),
             ("forward_batch_size", self.forward_batch_size >= 1, "must be >= 1"),
             ("target_kl", self.target_kl is None or self.target_kl > 0, "must be > 0 or None (off)"),
             ("entropy_coef", self.entropy_coef >= 0, "must be >= 0"),

@@ -1,5 +1,5 @@
-"""What a PPO / RLOO / GRPO stage leaves behind (:mod:`lrlhf.modules.stage`): the :class:`StageOutputs` base of
-:class:`~lrlhf.modules.PPOModule`."""
+"""The stage contract of a PPO / RLOO / GRPO run, the base of :class:`~lrlhf.modules.PPOModule`: its optimiser and
+schedule, what its checkpoint holds besides the weights, and what it leaves behind (:mod:`lrlhf.modules.stage`)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,41 @@ from lrlhf.modules.stage import StageOutputs
 
 
 class PPOStage(StageOutputs):
-    """The stage contract of :class:`~lrlhf.modules.PPOModule`, read from the module's own attributes: ``advantage``
-    (its name names the policy), ``rollouts_done``, ``kl_controller`` and ``calibration`` (the summary), ``model``
-    and ``tokenizer`` (the export)."""
+    """The stage contract of :class:`~lrlhf.modules.PPOModule`, read from the module's own attributes: ``config``
+    (the optimiser and its schedule), ``advantage`` (its name names the policy), ``rollouts_done``,
+    ``kl_controller`` and ``calibration`` (the checkpoint and the summary), ``model`` and ``tokenizer`` (the
+    export)."""
 
     summary_metrics = ("rollout/kl_seq", "rollout/score")
+
+    def configure_optimizers(self):
+        cfg = self.config
+        if cfg.total_steps is None and (cfg.scheduler != "constant" or cfg.warmup_steps):
+            raise ValueError(f"module.config.total_steps must be set (in optimiser steps) for scheduler "
+                             f"{cfg.scheduler!r} with warmup; see PPOModule.updates_per_rollout")
+        max_steps = self.trainer.max_steps if self._trainer is not None else None
+        if cfg.scheduler != "constant" and max_steps is not None and (max_steps < 0 or max_steps > cfg.total_steps):
+            # The schedule's length is fixed (a resumed run keeps it); past it the LR would stay at 0: steps wasted
+            raise ValueError(f"trainer.max_steps={max_steps} is past module.config.total_steps={cfg.total_steps}: "
+                             f"the {cfg.scheduler!r} LR schedule reaches 0 there and every later step would train "
+                             f"nothing. Set both (hparams.ppo.max_steps=N sets both on the toy scale), or "
+                             f"module.config.scheduler=constant to extend a run")
+        return cfg.optimizers(self, total_steps=1)  # constant (or total_steps set): the length is not needed
+
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Besides the weights: the KL controller's state (beta; its settings are the config's), the rollouts done
+        and a calibration measured in the run."""
+        checkpoint["kl_controller"] = self.kl_controller.state_dict()
+        checkpoint["rollouts_done"] = self.rollouts_done
+        if isinstance(self.calibration, RewardCalibration):
+            checkpoint["calibration"] = asdict(self.calibration)
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        if "kl_controller" in checkpoint:
+            self.kl_controller.load_state_dict(checkpoint["kl_controller"])
+        self.rollouts_done = checkpoint.get("rollouts_done", 0)
+        if "calibration" in checkpoint:
+            self.calibration = RewardCalibration(**checkpoint["calibration"])
 
     @property
     def policy_name(self) -> str:

@@ -42,6 +42,10 @@ class Rollout:
         raw_scores: ``(B,)`` reward-model scores; ``scores``: as added (calibrated, penalised, clipped).
         rewards, kl: ``(B, R)`` shaped per-action rewards and the per-token KL estimate (valid actions).
         advantages, returns: ``(B, R)``.
+        policy_mask: ``(B, R)`` the tokens the policy loss averages over: ``action_mask`` less the rows
+            ``module.overlong`` leaves out (truncated ones, with ``module/overlong=mask``).
+        sampler_logprobs: ``(B, R)`` the sampler's own log-probs of the tokens (``mu``); equal to ``logprobs``
+            unless the old log-probs were recomputed by the trainer (:mod:`lrlhf.functional.off_policy`).
     """
 
     query_ids: Tensor
@@ -57,6 +61,8 @@ class Rollout:
     kl: Tensor
     advantages: Tensor
     returns: Tensor
+    policy_mask: Tensor
+    sampler_logprobs: Tensor
 
     def __len__(self) -> int:
         return self.query_ids.shape[0]
@@ -99,7 +105,8 @@ def row_chunks(n: int, size: int):
 def check_finite(rollout: Rollout, index: int) -> None:
     """Raise before any update when a score, reward, value or advantage is NaN or infinite."""
     mask = rollout.action_mask
-    for name in ("raw_scores", "scores", "logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns"):
+    for name in ("raw_scores", "scores", "logprobs", "ref_logprobs", "values", "rewards", "advantages", "returns",
+                 "sampler_logprobs"):
         tensor = getattr(rollout, name)
         if tensor.dim() == 2:  # per action: only valid actions count (after a stop anything may sit there)
             tensor = torch.where(mask, tensor, 0.0)
