@@ -140,3 +140,85 @@ def test_objectives_and_aggregations_are_trls_grpo_loss_in_fp64():
 def test_bad_settings_name_the_key(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+# ------------------------------------------------------------------ TRL 1.12's own GRPOTrainer._compute_loss
+def _trl_compute_loss(new, old, ref, adv, mask, *, loss_type, eps_low, eps_high, level="token", beta=0.0,
+                      is_ratio=None, max_completion_length=None):
+    """TRL's ``GRPOTrainer._compute_loss`` itself, run on a stand-in trainer whose forward returns ``new`` (no
+    entropy mask, no off-policy sequence mask, no accumulation: evaluation mode, one process)."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (the oracle is optional)")
+    b, t = new.shape
+    stand_in = SimpleNamespace(
+        _get_per_token_logps_and_entropies=lambda *a, **k: (new, torch.zeros_like(new), None),
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level=level, beta=beta,
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None), loss_type=loss_type, epsilon_low=eps_low,
+        epsilon_high=eps_high, use_vllm=is_ratio is not None, vllm_importance_sampling_correction=True,
+        model=SimpleNamespace(training=False), current_gradient_accumulation_steps=1,
+        max_completion_length=max_completion_length, _entropy_bonus_enabled=False, aux_loss_enabled=False,
+        _metrics=defaultdict(lambda: defaultdict(list)),
+        accelerator=SimpleNamespace(num_processes=1, gather=lambda x: x, reduce=lambda x, reduction: x),
+    )
+    maskf = mask.to(new.dtype)
+    inputs = {"prompt_ids": torch.zeros(b, 0, dtype=torch.long), "prompt_mask": torch.zeros(b, 0, dtype=torch.long),
+              "completion_ids": torch.zeros(b, t, dtype=torch.long), "completion_mask": maskf, "advantages": adv,
+              "old_per_token_logps": old, "ref_per_token_logps": ref, "num_items_in_batch": maskf.sum()}
+    if is_ratio is not None:
+        inputs["importance_sampling_ratio"] = is_ratio
+    return grpo.GRPOTrainer._compute_loss(stand_in, None, inputs)
+
+
+def _trl_is_ratio(old, sampling, mask, cap, mode):
+    """TRL 1.12's importance-sampling ratio of ``_generate_and_score_completions`` (clip_min None), transcribed."""
+    diff = (old - sampling) * mask
+    if mode.startswith("sequence"):
+        diff = diff.sum(dim=-1, keepdim=True)
+    ratio = torch.exp(diff)
+    return ratio.clamp(max=cap) if mode.endswith("truncate") else ratio.masked_fill(ratio > cap, 0.0)
+
+
+def test_objectives_kl_in_the_loss_and_the_correction_are_trls_own_grpo_loss():
+    from lrlhf.functional import KLInLoss
+    from lrlhf.functional.off_policy import MaskedIS, TruncatedIS
+
+    for seed in range(3):
+        new, old, seq_adv, mask = _random(seed=seed)
+        adv = seq_adv[:, 0]  # TRL: one advantage per sequence
+        g = torch.Generator().manual_seed(10 + seed)
+        ref = old + torch.randn(old.shape, generator=g, dtype=old.dtype) * 0.5
+        sampling = old + torch.randn(old.shape, generator=g, dtype=old.dtype) * 0.4
+        wide = adv.unsqueeze(-1).expand_as(new)
+        cases = [
+            ("dapo", ClipHigher(0.2, 0.28, TokenMean()), "token", 0.0, None),
+            ("grpo", ClipHigher(0.2, 0.28, SequenceMean()), "token", 0.0, None),
+            ("dr_grpo", ClipPPO(0.2, SequenceSumNorm(tokens=7)), "token", 0.0, None),
+            ("grpo", GSPO(3e-4, 4e-4), "sequence", 0.0, None),
+            ("dapo", ClipPPO(0.2, TokenMean()), "token", 0.04, None),  # GRPO's KL in the loss: k3 x beta
+            ("dapo", ClipHigher(0.2, 0.28, TokenMean()), "token", 0.0, (TruncatedIS(cap=1.5), "token_truncate")),
+            ("grpo", ClipPPO(0.2, SequenceMean()), "token", 0.1, (MaskedIS(cap=1.5), "token_mask")),
+            ("dapo", ClipPPO(0.2, TokenMean()), "token", 0.0, (TruncatedIS(cap=3.0, level="sequence"),
+                                                                 "sequence_truncate")),
+        ]
+        for loss_type, ours_loss, level, beta, correction in cases:
+            eps = (ours_loss.eps_low, ours_loss.eps_high) if hasattr(ours_loss, "eps_low") else \
+                (ours_loss.clip_eps,) * 2
+            x = new.clone().requires_grad_(True)
+            terms = {}
+            is_ratio = None
+            if correction is not None:
+                terms["weights"] = correction[0](old, sampling, mask)
+                is_ratio = _trl_is_ratio(old, sampling, mask.to(old.dtype), correction[0].cap, correction[1])
+                assert torch.allclose(terms["weights"], (is_ratio * mask).expand_as(old), atol=1e-12)
+            if beta:
+                terms["extra"] = beta * KLInLoss("k3").per_token(x, ref)
+            ours, _ = ours_loss(x, old, wide, mask, **terms)
+            y = new.clone().requires_grad_(True)
+            theirs = _trl_compute_loss(y, old, ref, adv, mask, loss_type=loss_type, eps_low=eps[0], eps_high=eps[1],
+                                       level=level, beta=beta, is_ratio=is_ratio, max_completion_length=7)
+            assert abs(ours.item() - theirs.item()) < 1e-6, (seed, loss_type, type(ours_loss).__name__, beta)
+            ours.backward()
+            theirs.backward()
+            assert torch.allclose(x.grad, y.grad, atol=1e-6), (seed, loss_type, type(ours_loss).__name__, beta)
