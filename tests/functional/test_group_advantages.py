@@ -38,3 +38,12 @@ def test_group_errors(fn):
         fn(torch.zeros(4), k=1)
     with pytest.raises(ValueError, match="groups of k=3"):
         fn(torch.zeros(4), k=3)
+
+
+def test_informative_groups_by_hand():
+    from lrlhf.functional import informative_groups
+
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, 3.0, 0.0])
+    assert informative_groups(scores, 2).tolist() == [False, True, False, True]
+    assert informative_groups(scores, 4).tolist() == [True, True]
+    assert informative_groups(torch.tensor([0.5, 0.52, 0.0, 1.0]), 2, tolerance=0.05).tolist() == [False, True]

@@ -12,7 +12,8 @@ from lrlhf.functional.off_policy import MaskedIS, TruncatedIS
 from lrlhf.functional.rewards import OverlongMask, SoftOverlongPenalty
 from lrlhf.models import LoraSpec
 from lrlhf.modules import PPOModule
-from lrlhf.modules.advantages import GRPO
+from lrlhf.modules.advantages import GRPO, DynamicSampling
+from lrlhf.modules.rewards import FunctionReward, RewardScores, RewardSource
 from lrlhf.modules.rollout import Sampled
 from lrlhf.utils.errors import InvariantError
 
@@ -198,3 +199,46 @@ def test_the_new_parts_train_end_to_end(world, tokenizer, tmp_path):  # noqa: F8
     logged = trainer.logged_metrics
     assert {"ppo/kl_loss", "offpolicy/truncated_frac", "rollout/policy_token_frac", "kl/seq_sum_k3"} <= set(logged)
     assert float(logged["offpolicy/log_ratio_abs_mean"]) < 1e-4  # the toy sampler agrees with the trainer
+
+
+# ------------------------------------------------------------------------------------------ dynamic sampling
+def test_dynamic_sampling_rows_by_hand():
+    scores = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0, 3.0, 0.0])
+    rows, stats = DynamicSampling(groups=1).rows(scores, 2)
+    assert rows.tolist() == [2, 3]  # the first informative group, at most one
+    assert stats == {"rollout/groups_sampled": 4.0, "rollout/groups_informative_frac": 0.5, "rollout/groups_kept": 1.0}
+    assert DynamicSampling().rows(scores, 2)[0].tolist() == [2, 3, 6, 7]
+    with pytest.raises(ValueError, match="module.group_filter.groups must be >= 1"):
+        DynamicSampling(groups=0)
+
+
+class HalfDegenerate(RewardSource):
+    """Scores the rows of even groups all the same, those of odd groups by their row index."""
+
+    def __init__(self, k):
+        self.k = k
+
+    def build(self, model, tokenizer):
+        return None
+
+    def score(self, query_ids, query_mask, response_ids, masks):
+        rows = torch.arange(len(response_ids), dtype=torch.float32)
+        return RewardScores(torch.where((rows // self.k) % 2 == 0, 1.0, rows))
+
+
+def test_dynamic_sampling_drops_the_degenerate_groups_before_the_advantages(world, tokenizer, tmp_path):  # noqa: F811
+    module = _module(world, tokenizer, advantage=GRPO(samples_per_prompt=2), critic=None, reward=HalfDegenerate(2),
+                     forward_batch_size=8, parts={"group_filter": DynamicSampling()})  # one scoring chunk
+    torch.manual_seed(0)
+    rollout = module.make_rollout(_batch(world, tokenizer))  # 4 prompts x 2 samples: groups 1 and 3 informative
+    assert rollout.raw_scores.tolist() == [2.0, 3.0, 6.0, 7.0]
+    assert torch.allclose(rollout.advantages[:, 0], torch.tensor([-1.0, 1.0, -1.0, 1.0]) / 2 ** 0.5, atol=1e-4)
+    assert module.rollout_filter_stats["rollout/groups_kept"] == 2.0
+    # nothing informative: the rollout is empty and its update skipped, the run goes on
+    flat = _module(world, tokenizer, advantage=GRPO(samples_per_prompt=2), critic=None,
+                   reward=FunctionReward(lambda p, r: 0.5, name="flat"), parts={"group_filter": DynamicSampling()})
+    trainer = _fit(flat, world, tokenizer, 2, tmp_path)
+    assert trainer.logged_metrics["rollout/skipped_update"] == 1.0 and flat.rollouts_done == 2
+    assert trainer.global_step == 0
+    with pytest.raises(ValueError, match="module.group_filter needs a group estimator"):
+        _module(world, tokenizer, parts={"group_filter": DynamicSampling()})

@@ -5,7 +5,7 @@ the tensor shapes and which positions a mask marks valid; see the README for the
 (one reward slot per action, the score added once at the terminal action).
 """
 
-from lrlhf.functional.advantages import gae, grpo_advantages, rloo_advantages
+from lrlhf.functional.advantages import gae, grpo_advantages, informative_groups, rloo_advantages
 from lrlhf.functional.ensemble_rules import (
     EnsembleCombine,
     EnsembleMean,
@@ -113,6 +113,7 @@ __all__ = [
     "explained_variance",
     "gae",
     "grpo_advantages",
+    "informative_groups",
     "kl_abs",
     "kl_k1",
     "kl_k2",

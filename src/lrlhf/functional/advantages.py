@@ -85,3 +85,16 @@ def grpo_advantages(rewards: Tensor, k: int, eps: float = 1e-6, scale: bool = Tr
     if scale:
         centred = centred / (r.std(dim=1, keepdim=True) + eps)
     return centred.reshape(-1)
+
+
+def informative_groups(scores: Tensor, k: int, tolerance: float = 0.0) -> Tensor:
+    """``(B / k,)`` bool: the groups whose ``k`` scores are not all equal (``max - min > tolerance``).
+
+    A group of equal scores has no advantage to learn from under RLOO / GRPO (only the KL's noise, which GRPO's
+    division by the group's std blows up); DAPO's dynamic sampling (Yu et al. 2025) leaves such groups out.
+
+    Args:
+        scores: ``(B,)`` sequence scores (the reward, before the KL), groups of ``k`` adjacent rows.
+    """
+    r = _groups(scores, k, "informative_groups")  # (P, k)
+    return (r.max(dim=1).values - r.min(dim=1).values) > tolerance

@@ -17,8 +17,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from lrlhf.functional import gae, grpo_advantages, masked_sum, masked_whiten, rloo_advantages
-from lrlhf.utils.distributed import global_all_reduce
+from lrlhf.functional import gae, grpo_advantages, informative_groups, masked_sum, masked_whiten, rloo_advantages
+from lrlhf.utils.distributed import global_all_reduce, min_across_ranks
 
 WHITEN_SCOPES = ("global", "local")
 
@@ -133,4 +133,41 @@ class GRPO(GroupAdvantage):
         return grpo_advantages(rewards, self.samples_per_prompt, eps=self.eps, scale=self.scale_by_std)
 
 
-__all__ = ["GAE", "GRPO", "RLOO", "WHITEN_SCOPES", "AdvantageEstimator", "GroupAdvantage"]
+@dataclass(frozen=True)
+class DynamicSampling:
+    """DAPO's dynamic sampling (Yu et al. 2025) for the group estimators (``module/group_filter=dynamic_sampling``):
+    the groups whose scores are all equal (:func:`~lrlhf.functional.informative_groups`) are dropped from the
+    rollout before its advantages, and the update keeps at most ``groups`` of the others. The refill is by
+    over-sampling: the data batch holds more prompts than ``groups`` (e.g. ``data.batch_size=16
+    module.group_filter.groups=8``), so a rollout still has ``groups`` informative ones when some are degenerate.
+    Every rank keeps as many as the one with the fewest (the ranks step together).
+
+    Args:
+        groups: groups an update keeps at most; None = every informative group of the batch.
+        tolerance: a group whose scores' range is at most this is degenerate.
+    """
+
+    groups: int | None = None
+    tolerance: float = 0.0
+
+    def __post_init__(self):
+        if self.groups is not None and self.groups < 1:
+            raise ValueError(f"module.group_filter.groups must be >= 1 or null, got {self.groups!r}")
+        if not self.tolerance >= 0:
+            raise ValueError(f"module.group_filter.tolerance must be >= 0, got {self.tolerance!r}")
+
+    def rows(self, scores: Tensor, k: int) -> tuple[Tensor, dict[str, float]]:
+        """``(rows kept, stats)``: the rows of the first informative groups (``groups`` at most, the same number on
+        every rank), and ``rollout/groups_sampled``, ``rollout/groups_informative_frac``, ``rollout/groups_kept``."""
+        informative = informative_groups(scores, k, self.tolerance)
+        chosen = torch.nonzero(informative).squeeze(-1)
+        n = int(chosen.numel()) if self.groups is None else min(int(chosen.numel()), self.groups)
+        chosen = chosen[:min_across_ranks(n)]
+        rows = (chosen[:, None] * k + torch.arange(k, device=chosen.device)).reshape(-1)
+        stats = {"rollout/groups_sampled": float(informative.numel()),
+                 "rollout/groups_informative_frac": float(informative.float().mean()) if informative.numel() else 0.0,
+                 "rollout/groups_kept": float(chosen.numel())}
+        return rows, stats
+
+
+__all__ = ["GAE", "GRPO", "RLOO", "WHITEN_SCOPES", "AdvantageEstimator", "DynamicSampling", "GroupAdvantage"]

@@ -18,6 +18,7 @@ The logits and the value of action ``t`` of ``prompt (P columns, left-padded) + 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import asdict
 from pathlib import Path
@@ -46,7 +47,7 @@ from lrlhf.models import ModelConfig, ScalarModel, add_adapters, load_adapter_we
 from lrlhf.models import reference_mode as _reference_mode
 from lrlhf.models.generation import eos_token_ids, sample_with_logprobs
 from lrlhf.models.reward import RewardCalibration, load_calibration
-from lrlhf.modules.advantages import GAE, AdvantageEstimator
+from lrlhf.modules.advantages import GAE, AdvantageEstimator, DynamicSampling
 from lrlhf.modules.critic import POLICY, Critic, ValueAdapter
 from lrlhf.modules.group_sharing import GroupSharing
 from lrlhf.modules.guards import PPOGuards, Precision
@@ -86,6 +87,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         overlong: what truncated responses get (``module/overlong=mask|soft_penalty``,
             :class:`~lrlhf.functional.rewards.Overlong`); None = nothing (``module.config.missing_eos_penalty``
             still applies).
+        group_filter: DAPO's dynamic sampling for RLOO / GRPO (``module/group_filter=dynamic_sampling``,
+            :class:`~lrlhf.modules.advantages.DynamicSampling`); None = every group is kept.
         init_adapter: a saved ``policy`` adapter (a PPO stage's ``export/adapter``) the policy starts from instead
             of zero, e.g. the previous round of iterative RLHF; the reference stays the base (adapters off).
 
@@ -108,6 +111,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         kl_penalty: KLPenalty | None = None,
         off_policy: OffPolicyCorrection | None = None,
         overlong: Overlong | None = None,
+        group_filter: DynamicSampling | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -137,6 +141,12 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.kl_penalty: KLPenalty = kl_penalty if kl_penalty is not None else KLInReward()
         self.off_policy: OffPolicyCorrection | None = off_policy
         self.overlong: Overlong = overlong if overlong is not None else Overlong()
+        #: DAPO's dynamic sampling (``module.group_filter``): a group estimator's degenerate groups left out
+        self.group_filter = group_filter
+        self.rollout_filter_stats: dict[str, float] = {}  # what it kept on the last rollout
+        if group_filter is not None and self.advantage.samples_per_prompt < 2:
+            raise ValueError("module.group_filter needs a group estimator (module/advantage=rloo|grpo, k >= 2 "
+                             "samples per prompt)")
         cfg = self.config
         if off_policy is not None and cfg.recompute_old_logprobs is False:
             raise ValueError("module.off_policy corrects the sampler's log-probs against the trainer's forward: it "
@@ -153,7 +163,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self._adapter_names: set[str] = set()
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling),
                    **{k: component_settings(getattr(self, k))
-                      for k in ("advantage", "critic", "kl_controller", "kl_penalty", "off_policy", "overlong")},
+                      for k in ("advantage", "critic", "kl_controller", "kl_penalty", "off_policy", "overlong",
+                                "group_filter")},
                    "policy_loss": component_settings(self.surrogate)}
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
@@ -379,16 +390,22 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         values = scored["values"] * masks.action_mask
         # 5. rewards
         scores, shaped = self.compute_rewards(scored["raw_scores"], scored["logprobs"], scored["ref_logprobs"], masks)
-        # 6. advantages
-        advantages, returns = self.compute_advantages(shaped.rewards, values, masks.action_mask)
         rollout = Rollout(
             query_ids=query_ids, query_mask=query_mask, response_ids=response_ids, masks=masks,
             logprobs=scored["logprobs"], ref_logprobs=scored["ref_logprobs"], values=values,
             raw_scores=scored["raw_scores"], scores=scores, rewards=shaped.rewards, kl=shaped.kl,
-            advantages=advantages, returns=returns,
+            advantages=values.new_zeros(values.shape), returns=values.new_zeros(values.shape),  # step 6
             policy_mask=masks.action_mask & self.overlong.keep(masks.lengths, masks.has_eos)[:, None],
             sampler_logprobs=(scored["logprobs"] if sampler_logprobs is None else sampler_logprobs.float()),
         )
+        if self.group_filter is not None:  # dynamic sampling: groups of equal scores are dropped
+            rows, self.rollout_filter_stats = self.group_filter.rows(scores, self.advantage.samples_per_prompt)
+            rollout = rollout.select(rows)
+            if self.rollout_disagreement is not None:
+                self.rollout_disagreement = self.rollout_disagreement[rows]
+        # 6. advantages
+        advantages, returns = self.compute_advantages(rollout.rewards, rollout.values, rollout.action_mask)
+        rollout = dataclasses.replace(rollout, advantages=advantages, returns=returns)
         check_finite(rollout, self.rollouts_done)
         return rollout
 
@@ -409,6 +426,10 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
                                       self.compute_precision)
         # 1-6. rollout
         rollout = self.make_rollout(batch)
+        if len(rollout) == 0:  # dynamic sampling found no group to learn from on some rank: no update
+            log_synced(self, {**self.rollout_filter_stats, "rollout/skipped_update": 1.0}, batch_size=1)
+            self.rollouts_done += 1
+            return None
         stats = self.rollout_stats(rollout)
         if getattr(self, "keep_last_rollout", False):  # read by lrlhf.callbacks.HighRewardAudit, until the next one
             self.last_rollout = (batch, rollout, self.rollout_disagreement)
@@ -434,6 +455,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         ``reward/ensemble_std``: the members' mean disagreement (std of their calibrated scores) on this rollout; with
         an off-policy correction its ``offpolicy/*``; with an overlong rule ``rollout/policy_token_frac``."""
         stats = rollout_stats(rollout, self.kl_controller.value, with_values=self.critic is not None)
+        stats.update(self.rollout_filter_stats)
         if self.off_policy is not None:  # how far the sampler is from the trainer, and what the correction did
             stats.update(self.off_policy.stats(rollout.logprobs, rollout.sampler_logprobs, rollout.action_mask))
         if type(self.overlong) is not Overlong:  # the share of tokens the policy loss learns from

@@ -147,9 +147,18 @@ def any_across_ranks(flag: bool) -> bool:
     return bool(sum_across_ranks(torch.tensor([float(flag)], device=_scalar_device()))[0] > 0)
 
 
+def min_across_ranks(value: int) -> int:
+    """The smallest ``value`` over every rank (every rank gets the same answer)."""
+    if world_size() == 1:
+        return value
+    out = torch.tensor([float(value)], dtype=torch.float64, device=_scalar_device())
+    torch.distributed.all_reduce(out, op=torch.distributed.ReduceOp.MIN)
+    return int(out[0])
+
+
 __all__ = ["any_across_ranks", "barrier", "forward_is_collective", "global_all_reduce", "global_weighted_mean",
-           "is_global_zero", "launched_processes", "rank", "rank_seed", "seed_rank_stream", "sum_across_ranks",
-           "wait_for_file", "world_size"]
+           "is_global_zero", "launched_processes", "min_across_ranks", "rank", "rank_seed", "seed_rank_stream",
+           "sum_across_ranks", "wait_for_file", "world_size"]
 
 
 def close_process_group() -> None:
