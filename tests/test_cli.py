@@ -62,7 +62,7 @@ EVAL_TINY = [
     *[f'stage_overrides.{need}=["trainer.max_steps=4","data.batch_size={batch}","eval=null",'
       '"callbacks.early_stopping.every_n_rollouts=1"]' for need, batch in (("ppo", 8), ("rloo", 2), ("grpo", 2))],
     'stage_overrides.dpo=["trainer.max_steps=3","data.batch_size=8","eval=null"]',
-    "eval.n_samples=2", "eval.bon.n=[2]", "eval.bon.curve_max=4", "eval.n_resamples=50",
+    "eval.n_samples=2", "eval.bon.n=[2]", "eval.bon.curve_max=4", "eval.n_resamples=50", "eval.bon.gold_curve=true",
 ]
 
 
@@ -85,6 +85,7 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
     todo = planning.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
     needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"], "judge_rm": [],
              "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"],
+             "frontier": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora", "ppo_lora", "iterative_ppo"],
              "iterative_ppo": ["sft"], "rm_ensemble": ["sft"], "kto_lora": ["sft"]}.get(recipe, ["sft", "rm"])
     # iterative: each round trains its own RM; rm_ensemble: its members are rm stages of its own
     assert [t[0] for t in todo] == needs
@@ -271,9 +272,10 @@ def test_model_smollm2_composes_to_the_wheel_gguf(smollm2_config, tmp_path):
     assert cfg.model.gguf_file == smollm2_config.gguf_file
 
 
-# eval: test_eval_recipe_tiny below; iterative_ppo: tests/test_rounds.py
-# rm_ensemble: its members are rm runs (tests/test_ensembles.py runs it through PPO)
-@pytest.mark.parametrize("recipe", [r for r in RECIPES if r not in ("eval", "iterative_ppo", "rm_ensemble")])
+# eval: test_eval_recipe_tiny below (frontier is eval with two more policies and its gold curve, which that test
+# turns on); iterative_ppo: tests/test_rounds.py; rm_ensemble: its members are rm runs (tests/test_ensembles.py)
+@pytest.mark.parametrize("recipe", [r for r in RECIPES if r not in ("eval", "frontier", "iterative_ppo",
+                                                                      "rm_ensemble")])
 def test_every_recipe_runs_tiny(recipe, tmp_path):
     run = tmp_path / "run"
     # RLOO / GRPO: the same module plus checks that no critic is built or run (cli_subclass.NoCriticPPO)
@@ -414,6 +416,13 @@ def test_eval_recipe_tiny_writes_the_table_and_the_plots(tmp_path):
         assert (run / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", plot
     results = json.loads((run / "eval_results.json").read_text())
     assert [c["n"] for c in results["bon_curve"]] == [1, 2, 3, 4] and results["judge"] == "toy_gold_judge"
+    # the frontier (#31): the curve under gold lies on or above the proxy's, and each policy's gap to both curves
+    gold_curve = [c["gold"] for c in results["bon_gold_curve"]]
+    assert all(g >= p["gold"] - 1e-12 for g, p in zip(gold_curve, results["bon_curve"], strict=True))
+    assert (run / "frontier_curves.csv").read_text().startswith("curve,n,kl,gold\nproxy,1,0.0,")
+    assert float(rows["sft"]["gold_vs_bon_proxy"]) == pytest.approx(  # SFT at KL 0: against the pool's N = 1
+        float(rows["sft"]["gold"]) - results["bon_curve"][0]["gold"], abs=1e-9)
+    assert all(row["gold_vs_bon_gold"] != "" or float(row["kl_seq"]) > bon_kl(4) for row in rows.values())
     header = (run / "logs" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert {"eval/ppo/gold", "eval/bon2/lc_pref", "eval/sft/distinct_2"} <= set(header)
     # #19: every policy's high-reward audit and counterfactual table under the proxy, with gold

@@ -218,7 +218,7 @@ class HalfDegenerate(RewardSource):
     def __init__(self, k):
         self.k = k
 
-    def build(self, model, tokenizer):
+    def build(self, model, tokenizer):  # noqa: F811
         return None
 
     def score(self, query_ids, query_mask, response_ids, masks):

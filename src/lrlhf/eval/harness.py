@@ -32,8 +32,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lrlhf.data.records import PromptExample
-from lrlhf.eval.best_of_n import bon_expected, bon_kl
+from lrlhf.eval.best_of_n import bon_kl
 from lrlhf.eval.diversity import distinct_n, self_similarity
+from lrlhf.eval.frontier import gap_to_curve, mean_curve, per_prompt_curves
 from lrlhf.eval.heldout import ModelPolicy, sample_held_out
 from lrlhf.eval.judges import is_pairwise, judge_pairs, resolve_judge, score_responses
 from lrlhf.eval.lc_winrate import length_controlled_win_rate
@@ -186,7 +187,8 @@ def _with_subgroups(row: dict, values: list[float] | None, groups: Sequence[str]
     return row
 
 
-TABLE_COLUMNS = ("policy", "gold", "gold_ci", "gold_vs_base", "gold_vs_base_ci", "judge", "proxy", "kl_seq",
+TABLE_COLUMNS = ("policy", "gold", "gold_ci", "gold_vs_base", "gold_vs_base_ci", "gold_vs_bon_proxy",
+                 "gold_vs_bon_proxy_ci", "gold_vs_bon_gold", "gold_vs_bon_gold_ci", "judge", "proxy", "kl_seq",
                  "kl_token", "length", "distinct_1", "distinct_2", "self_sim_2", "win", "tie", "loss", "both_bad",
                  "net_ci", "pref", "lc_pref", "lc_pref_ci", "worst_group", "worst_group_gold", "worst_group_judge")
 
@@ -202,6 +204,9 @@ class BonSettings:
     """Table rows: ``n_samples`` picks per prompt, each the best of its own ``n`` samples of the pool."""
     curve_max: int = 0
     """The utility-vs-KL curve ``N = 1..curve_max`` (0: none)."""
+    gold_curve: bool = False
+    """Also the curve of Best-of-N *under gold* (the oracle selection, :mod:`lrlhf.eval.frontier`), and each
+    policy's gap to both curves at its KL (``gold_vs_bon_proxy``, ``gold_vs_bon_gold``, paired intervals)."""
 
 
 @dataclass
@@ -322,7 +327,7 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
         model = reference if same else load_causal_lm(ModelConfig(path))
         evaluated[name] = finish(sample_policy(model, tokenizer, prompts, ev.n_samples, sampling, name=name,
                                                reference=None if same else reference, **common))
-    curve = []
+    curve, curves = [], {}
     if bon_ns or ev.bon.curve_max:
         pool_size = max([ev.bon.curve_max, *(n * ev.n_samples for n in bon_ns)])
         source = policies[ev.bon.policy]
@@ -333,19 +338,25 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
         pool = finish(sample_policy(pool_model, tokenizer, prompts, pool_size, pool_sampling, name="pool", **common))
         for n in bon_ns:
             evaluated[f"bon{n}"] = best_of_n_from_pool(pool, n, ev.n_samples)
-        if has_gold:
-            curve = [(n, bon_kl(n), _mean(bon_expected(pp, gg, n) for pp, gg in zip(pool.proxy, pool.gold,
-                                                                                      strict=True)))
-                     for n in range(1, ev.bon.curve_max + 1)]
+        if has_gold and ev.bon.curve_max:
+            curves["proxy"] = per_prompt_curves(pool.proxy, pool.gold, ev.bon.curve_max)
+            if ev.bon.gold_curve:
+                curves["gold"] = per_prompt_curves(pool.gold, pool.gold, ev.bon.curve_max)
+            curve = mean_curve(curves["proxy"])
     baseline = evaluated[ev.baseline]
     rows = [policy_row(s, baseline, prompts, groups, judge, judge_is_gold, ev.tie_band, ev.bad_below, seed,
                        ev.n_resamples) for s in evaluated.values()]
+    if ev.bon.gold_curve:  # the frontier: each policy's gold against both curves at its own KL
+        for row, samples in zip(rows, evaluated.values(), strict=True):
+            row.update(_frontier_gaps(samples, row["kl_seq"], curves, ev.n_resamples, seed))
     columns = [c for c in TABLE_COLUMNS if any(r.get(c) is not None for r in rows)]
     every = list(dict.fromkeys(k for r in rows for k in r))  # the CSV keeps every figure, the Markdown the main ones
     md, csv_path = write_table(rows, out_dir / "eval_table", columns, csv_columns=every)
     plots = {}
     if has_gold:
-        plots["utility_vs_kl"] = str(plot_utility_vs_kl(rows, curve, out_dir / "utility_vs_kl.png", ev.baseline))
+        gold_curve = mean_curve(curves["gold"]) if "gold" in curves else None
+        plots["utility_vs_kl"] = str(plot_utility_vs_kl(rows, curve, out_dir / "utility_vs_kl.png", ev.baseline,
+                                                        gold_curve=gold_curve))
     history = _goodhart_history(goodhart_folder)
     if history is not None:
         hist, source = history
@@ -355,15 +366,41 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
     results = {"prompts": len(prompts), "n_samples": ev.n_samples, "sampling": sampling.__dict__,
                "judge": getattr(judge, "__name__", type(judge).__name__), "baseline": ev.baseline,
                "policies": policies, "rows": rows, "bon_curve": [{"n": n, "kl": k, "gold": g} for n, k, g in curve]}
+    if "gold" in curves:
+        results["bon_gold_curve"] = [{"n": n, "kl": k, "gold": g} for n, k, g in mean_curve(curves["gold"])]
+        _write_curves(out_dir / "frontier_curves.csv", results)
     if ev.audit:  # the high-reward audit and the counterfactual table of every policy (audit.md, ...)
         results["counterfactual"] = _audits(evaluated, prompts, reward_model, tokenizer, calibration, judge, ev,
                                             out_dir, seed)
     atomic_write_text(out_dir / "eval_results.json", json.dumps(results, indent=2, default=list) + "\n")
     if logger is not None:
-        _log(logger, rows, plots, hyperparams or {})
+        _log(logger, rows, plots, hyperparams or {}, results)
     return {"table": str(md), "csv": str(csv_path), "results": str(out_dir / "eval_results.json"), "plots": plots,
             "table_markdown": md.read_text(), **{f"gold/{r['policy']}": r.get("gold") for r in rows},
             "export": str(out_dir)}
+
+
+def _frontier_gaps(samples: Samples, kl: float, curves: dict, n_resamples: int, seed: int) -> dict:
+    """``gold_vs_bon_<curve>`` and its ``_ci`` for each curve (:func:`lrlhf.eval.frontier.gap_to_curve`)."""
+    if not samples.gold:
+        return {}
+    gold = [_mean(g) for g in samples.gold]
+    out = {}
+    for name, per_prompt in curves.items():
+        gap = gap_to_curve(gold, per_prompt, kl, n_resamples=n_resamples, seed=seed)
+        out[f"gold_vs_bon_{name}"], out[f"gold_vs_bon_{name}_ci"] = gap if gap is not None else (None, None)
+    return out
+
+
+#: the Best-of-N curves of ``eval_results.json``: (name, key)
+CURVES = (("proxy", "bon_curve"), ("gold", "bon_gold_curve"))
+
+
+def _write_curves(path: Path, results: dict) -> None:
+    """The two Best-of-N curves as one CSV: ``curve, n, kl, gold``."""
+    lines = ["curve,n,kl,gold"] + [f"{name},{c['n']},{c['kl']!r},{c['gold']!r}"
+                                   for name, key in CURVES for c in results.get(key, [])]
+    atomic_write_text(path, "\n".join(lines) + "\n")
 
 
 def _audits(evaluated, prompts, reward_model, tokenizer, calibration, judge, ev, out_dir, seed) -> dict:
@@ -392,7 +429,7 @@ def _goodhart_history(folder: str | None) -> tuple[dict, str] | None:
     return (history, str(found[0])) if history.get("history") else None
 
 
-def _log(logger, rows: Sequence[dict], plots: dict, hyperparams: dict) -> None:
+def _log(logger, rows: Sequence[dict], plots: dict, hyperparams: dict, results: dict) -> None:
     logger.log_hyperparams(hyperparams)
     for row in rows:
         logger.log_metrics({f"eval/{row['policy']}/{k}": v for k, v in row.items()
@@ -400,6 +437,9 @@ def _log(logger, rows: Sequence[dict], plots: dict, hyperparams: dict) -> None:
     if hasattr(logger, "log_table"):  # WandbLogger
         columns = [c for c in TABLE_COLUMNS if c in rows[0]]
         logger.log_table(key="eval/table", columns=columns, data=[[str(r.get(c)) for c in columns] for r in rows])
+        curves = [[name, c["n"], c["kl"], c["gold"]] for name, key in CURVES for c in results.get(key, [])]
+        if curves:
+            logger.log_table(key="eval/bon_curves", columns=["curve", "n", "kl", "gold"], data=curves)
     if hasattr(logger, "log_image"):
         for key, path in plots.items():
             logger.log_image(key=f"eval/{key}", images=[path])

@@ -2,7 +2,8 @@
 
 - :func:`plot_goodhart`: held-out utility and proxy reward against sqrt(KL to the reference) over one PPO run's
   evaluations (Gao et al. 2022), written by the early-stopping callback and by ``recipe=eval``;
-- :func:`plot_utility_vs_kl`: ``recipe=eval``'s gold utility against KL, one point per policy and the BoN curve.
+- :func:`plot_utility_vs_kl`: ``recipe=eval``'s gold utility against KL, one point per policy and the BoN curves
+  (under the proxy; under gold too with ``recipe=frontier``).
 """
 
 from __future__ import annotations
@@ -70,11 +71,15 @@ def plot_goodhart(history: Sequence[dict], best_index: int | None, path: str | P
 
 
 def plot_utility_vs_kl(rows: Sequence[dict], curve: Sequence[tuple[int, float, float]], path: str | Path,
-                       baseline: str) -> Path:
-    """Gold utility against KL to the reference (nats per sequence): the BoN curve ``(n, kl, gold)`` and one
-    point per policy row (with its bootstrap interval)."""
-    fig = figure()
+                       baseline: str, gold_curve: Sequence[tuple[int, float, float]] | None = None) -> Path:
+    """Gold utility against KL to the reference (nats per sequence): the BoN curve ``(n, kl, gold)`` under the
+    proxy, under gold when ``gold_curve`` is given (the oracle selection), and one point per policy row (with its
+    bootstrap interval)."""
+    fig = figure((7.0, 4.6) if gold_curve else (6.0, 4.0))
     ax = fig.add_subplot(1, 1, 1)
+    if gold_curve:
+        ax.plot([c[1] for c in gold_curve], [c[2] for c in gold_curve], "--", color="black", lw=1.0,
+                label=f"Best-of-N under gold from {baseline} (oracle selection)")
     if curve:
         ax.plot([c[1] for c in curve], [c[2] for c in curve], "-", color="gray", lw=1.2,
                 label=f"Best-of-N from {baseline}, N = 1..{curve[-1][0]} (KL = log N - (N-1)/N)")

@@ -1,0 +1,36 @@
+"""The frontier's curves and gaps (lrlhf.eval.frontier, #31) against hand-computed cases."""
+
+import math
+
+import pytest
+
+from lrlhf.eval.best_of_n import bon_kl
+from lrlhf.eval.frontier import curve_at, gap_to_curve, mean_curve, per_prompt_curves
+
+
+def test_curves_by_hand():
+    # one prompt, a pool of 3: proxy ranks c > a > b, gold 0.0 / 1.0 / 0.5
+    proxy, gold = [[0.5, 0.1, 0.9]], [[0.0, 1.0, 0.5]]
+    by_proxy = per_prompt_curves(proxy, gold, 3)[0]
+    # N=1: the mean; N=2: pairs (a,b)->a 0, (a,c)->c .5, (b,c)->c .5; N=3: c
+    assert by_proxy == pytest.approx([0.5, 1 / 3, 0.5])
+    by_gold = per_prompt_curves(gold, gold, 3)[0]
+    assert by_gold == pytest.approx([0.5, (1.0 + 0.5 + 1.0) / 3, 1.0])  # the oracle picks the best gold
+    assert mean_curve([by_gold, [0.0, 0.0, 0.0]]) == [(1, 0.0, 0.25), (2, bon_kl(2), 2.5 / 6), (3, bon_kl(3), 0.5)]
+
+
+def test_curve_at_interpolates_in_kl_and_stops_at_the_end():
+    curve = [0.2, 0.6, 0.9]
+    assert curve_at(curve, 0.0) == 0.2 and curve_at(curve, -0.1) == 0.2
+    assert curve_at(curve, bon_kl(2)) == pytest.approx(0.6)
+    mid = (bon_kl(2) + bon_kl(3)) / 2
+    assert curve_at(curve, mid) == pytest.approx(0.75)
+    assert curve_at(curve, bon_kl(2) / 4) == pytest.approx(0.2 + 0.4 / 4)
+    assert curve_at(curve, bon_kl(3) + 1e-9) is None
+
+
+def test_gap_is_paired_over_prompts():
+    curves = [[0.0, 1.0], [0.5, 0.5]]
+    mean, (lo, hi) = gap_to_curve([0.6, 0.4], curves, bon_kl(2) / 2, n_resamples=200)
+    assert mean == pytest.approx(((0.6 - 0.5) + (0.4 - 0.5)) / 2) and lo <= mean <= hi
+    assert gap_to_curve([0.6, 0.4], curves, math.log(3)) is None
