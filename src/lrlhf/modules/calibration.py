@@ -35,7 +35,9 @@ class ReferenceSamples:
             raise ValueError(f"module.calibration.n_prompts must be >= 2 (a standard deviation), got {self.n_prompts}")
 
     @torch.no_grad()
-    def measure(self, module, datamodule) -> RewardCalibration:
+    def reference_batch(self, module, datamodule):
+        """``(query_ids, query_mask, response_ids, masks)``: one response per prompt of the first ``n_prompts``
+        training prompts, sampled from the reference with ``seed`` (the run's RNG untouched)."""
         items = datamodule.datasets["train"][:self.n_prompts]
         batch = datamodule.collate(items)
         device = module.device
@@ -44,7 +46,12 @@ class ReferenceSamples:
             torch.manual_seed(self.seed)
             with reference_mode(module.model):  # the reference, also when the policy starts from a saved adapter
                 response_ids = module.sample(query_ids, query_mask).response_ids
-        masks = response_masks(response_ids, module.eos_token_ids, module.pad_token_id)
+        return query_ids, query_mask, response_ids, response_masks(response_ids, module.eos_token_ids,
+                                                                   module.pad_token_id)
+
+    @torch.no_grad()
+    def measure(self, module, datamodule) -> RewardCalibration:
+        query_ids, query_mask, response_ids, masks = self.reference_batch(module, datamodule)
         scores = torch.cat([module.score(query_ids[rows], query_mask[rows], response_ids[rows],
                                          type(masks)(*(m[rows] for m in masks)))
                             for rows in row_chunks(query_ids.shape[0], module.config.forward_batch_size)])

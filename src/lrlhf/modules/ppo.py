@@ -160,6 +160,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.init_adapter = init_adapter
         self.rollouts_done = 0
         self.rollout_disagreement: Tensor | None = None  # an ensemble reward's per-sample one on the last rollout
+        self.rollout_components: dict[str, Tensor] = {}  # the reward's named parts per sample on the last rollout
         self._adapter_names: set[str] = set()
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling),
                    **{k: component_settings(getattr(self, k))
@@ -291,6 +292,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
     def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks) -> Tensor:
         """``(B,)`` raw scores of prompt + response cut at the stop, by the reward source (``self.reward``): a reward
         model reads its score at the EOS, or the last token of a truncated response; a program scores the texts."""
+        self.prepare_reward()
         return self.reward.score(query_ids, query_mask, response_ids, masks).scores
 
     @torch.no_grad()
@@ -300,7 +302,14 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         what the rollout and the held-out evaluation read. A subclass's :meth:`score` scores alone, no extras."""
         if type(self).score is not PPOModule.score:
             return RewardScores(self.score(query_ids, query_mask, response_ids, masks))
+        self.prepare_reward()
         return self.reward.score(query_ids, query_mask, response_ids, masks)
+
+    def prepare_reward(self) -> None:
+        """A reward source that measures something on the reference's samples before its first score (a mixture's
+        scales: ``prepare(module, datamodule)``) does it here, once, in a fit."""
+        if hasattr(self.reward, "prepare") and self._trainer is not None and self.trainer.datamodule is not None:
+            self.reward.prepare(self, self.trainer.datamodule)
 
     def compute_rewards(self, raw_scores: Tensor, logprobs: Tensor, ref_logprobs: Tensor,
                         masks: ResponseMasks) -> tuple[Tensor, ShapedRewards]:
@@ -373,6 +382,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         # 4. no-grad scoring in micro-batches (policy and value only when sampling gave none)
         parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "values": [], "raw_scores": []}
         spread: list[Tensor] = []  # an ensemble reward's disagreement
+        components: dict[str, list[Tensor]] = {}  # a reward's named parts (rules, a mixture's sources)
         k = self.sharing.scoring_group_size  # chunks of whole groups where sharing may apply, as many on every rank
         for rows in row_chunks(query_ids.shape[0], max(k, self.config.forward_batch_size // k * k)):
             q, qm, r = query_ids[rows], query_mask[rows], response_ids[rows]
@@ -385,8 +395,11 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
             parts["raw_scores"].append(reward.scores)
             if reward.disagreement is not None:
                 spread.append(reward.disagreement)
+            for name, value in (reward.components or {}).items():
+                components.setdefault(name, []).append(value.float())
         scored = {name: torch.cat(chunks) for name, chunks in parts.items()}
         self.rollout_disagreement = torch.cat(spread) if spread else None
+        self.rollout_components = {name: torch.cat(chunks) for name, chunks in components.items()}
         values = scored["values"] * masks.action_mask
         # 5. rewards
         scores, shaped = self.compute_rewards(scored["raw_scores"], scored["logprobs"], scored["ref_logprobs"], masks)
@@ -403,6 +416,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
             rollout = rollout.select(rows)
             if self.rollout_disagreement is not None:
                 self.rollout_disagreement = self.rollout_disagreement[rows]
+            self.rollout_components = {name: value[rows] for name, value in self.rollout_components.items()}
         # 6. advantages
         advantages, returns = self.compute_advantages(rollout.rewards, rollout.values, rollout.action_mask)
         rollout = dataclasses.replace(rollout, advantages=advantages, returns=returns)
@@ -452,7 +466,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
 
     def rollout_stats(self, rollout: Rollout) -> dict[str, float]:
         """Per-rollout statistics (:func:`~lrlhf.modules.rollout.rollout_stats`); with an ensemble reward,
-        ``reward/ensemble_std``: the members' mean disagreement (std of their calibrated scores) on this rollout; with
+        ``reward/ensemble_std``: the members' mean disagreement (std of their calibrated scores) on this rollout;
+        ``reward/<name>``: the mean of each named component of the reward (a rule's pass rate); with
         an off-policy correction its ``offpolicy/*``; with an overlong rule ``rollout/policy_token_frac``."""
         stats = rollout_stats(rollout, self.kl_controller.value, with_values=self.critic is not None)
         stats.update(self.rollout_filter_stats)
@@ -463,6 +478,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
             stats["rollout/policy_token_frac"] = float(kept)
         if self.rollout_disagreement is not None:
             stats["reward/ensemble_std"] = float(self.rollout_disagreement.mean())
+        for name, value in self.rollout_components.items():  # a rule's pass rate, a mixture source's mean
+            stats[f"reward/{name}"] = float(value.mean())
         return stats
 
 

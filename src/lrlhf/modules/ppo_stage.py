@@ -35,12 +35,14 @@ class PPOStage(StageOutputs):
         return cfg.optimizers(self, total_steps=1)  # constant (or total_steps set): the length is not needed
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Besides the weights: the KL controller's state (beta; its settings are the config's), the rollouts done
-        and a calibration measured in the run."""
+        """Besides the weights: the KL controller's state (beta; its settings are the config's), the rollouts done,
+        a calibration measured in the run and a reward source's own measured scales (a mixture's)."""
         checkpoint["kl_controller"] = self.kl_controller.state_dict()
         checkpoint["rollouts_done"] = self.rollouts_done
         if isinstance(self.calibration, RewardCalibration):
             checkpoint["calibration"] = asdict(self.calibration)
+        if hasattr(self.reward, "calibration_state"):  # a mixture's measured scales
+            checkpoint["reward_calibration"] = self.reward.calibration_state()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         if "kl_controller" in checkpoint:
@@ -48,6 +50,8 @@ class PPOStage(StageOutputs):
         self.rollouts_done = checkpoint.get("rollouts_done", 0)
         if "calibration" in checkpoint:
             self.calibration = RewardCalibration(**checkpoint["calibration"])
+        if hasattr(self.reward, "load_calibration_state"):
+            self.reward.load_calibration_state(checkpoint.get("reward_calibration"))
 
     @property
     def policy_name(self) -> str:

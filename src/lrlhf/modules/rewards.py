@@ -44,10 +44,13 @@ class RewardScores(NamedTuple):
         scores: ``(B,)`` float32 raw scores (before the run's calibration).
         disagreement: ``(B,)`` float32, an ensemble's per-sample std of its members' calibrated scores; None for a
             single model or a program.
+        components: ``name -> (B,)`` the reward's named parts (each rule's pass, each source of a mixture), logged
+            per rollout as ``reward/<name>``; None when it has none.
     """
 
     scores: Tensor
     disagreement: Tensor | None = None
+    components: dict[str, Tensor] | None = None
 
 
 class RewardSource:
@@ -134,17 +137,13 @@ class RewardEnsemble(_ModelSource):
         return self.scorer
 
 
-@dataclass
-class FunctionReward(RewardSource):
-    """``fn(prompt_text, response_text) -> float`` as PPO's reward: the prompt decoded from its attended ids, the
-    response from its valid actions (cut at the stop, EOS dropped), both without special tokens. :meth:`build`
-    keeps the tokenizer; no module is built."""
+class TextReward(RewardSource):
+    """A reward computed from the decoded texts (a program, rules, a judge's prompt): :meth:`build` keeps the
+    tokenizer, :meth:`texts` decodes a batch (the prompt from its attended ids, the response from its valid actions,
+    cut at the stop, EOS dropped, both without special tokens); subclasses write :meth:`score_texts`."""
 
-    fn: Callable[[str, str], float]
-    """The reward of one (prompt, response) pair of texts."""
-    name: str = "function"
-    """What summaries and errors call it."""
-    tokenizer: object = field(default=None, init=False, repr=False)
+    name: str = "text"
+    tokenizer: object = None
 
     def build(self, model: nn.Module, tokenizer) -> None:
         """Keep the tokenizer (decoding is all a program needs)."""
@@ -161,18 +160,40 @@ class FunctionReward(RewardSource):
                            skip_special_tokens=True)
         return prompts, [r.strip() for r in responses]
 
+    def score_texts(self, prompts: list[str], responses: list[str]) -> tuple[list[float], dict[str, list[float]]]:
+        """``(scores, components)`` of the decoded pairs."""
+        raise NotImplementedError
+
     @torch.no_grad()
     def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
               masks: ResponseMasks) -> RewardScores:
         if self.tokenizer is None:
             raise RuntimeError(f"reward {self.name!r}: call build(model, tokenizer) before scoring")
         prompts, responses = self.texts(query_ids, query_mask, response_ids, masks)
-        scores = [float(self.fn(p, r)) for p, r in zip(prompts, responses, strict=True)]
+        scores, components = self.score_texts(prompts, responses)
         for prompt, response, score in zip(prompts, responses, scores, strict=True):
             if not math.isfinite(score):
                 raise InvariantError(f"reward {self.name!r} returned {score} for the response {response[:80]!r} "
                                      f"to the prompt {prompt[-80:]!r}: a reward must be finite")
-        return RewardScores(torch.tensor(scores, dtype=torch.float32, device=query_ids.device))
+        device = query_ids.device
+        return RewardScores(torch.tensor(scores, dtype=torch.float32, device=device), components={
+            name: torch.tensor(values, dtype=torch.float32, device=device) for name, values in components.items()
+        } or None)
+
+
+@dataclass
+class FunctionReward(TextReward):
+    """``fn(prompt_text, response_text) -> float`` as PPO's reward, on the texts :meth:`TextReward.texts` decodes;
+    no module is built."""
+
+    fn: Callable[[str, str], float]
+    """The reward of one (prompt, response) pair of texts."""
+    name: str = "function"
+    """What summaries and errors call it."""
+    tokenizer: object = field(default=None, init=False, repr=False)
+
+    def score_texts(self, prompts, responses):
+        return [float(self.fn(p, r)) for p, r in zip(prompts, responses, strict=True)], {}
 
 
 def reward_source(reward_model) -> RewardSource:
@@ -187,4 +208,4 @@ def reward_source(reward_model) -> RewardSource:
 
 
 __all__ = ["FrozenRewardModel", "FunctionReward", "RewardAdapter", "RewardEnsemble", "RewardScores", "RewardSource",
-           "model_scores", "reward_source"]
+           "TextReward", "model_scores", "reward_source"]
