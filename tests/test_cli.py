@@ -327,9 +327,10 @@ def test_group_estimator_recipes_sample_k_per_prompt(estimator):
     config = instantiate(cfg.module.config, _convert_="all")
     advantage = instantiate(cfg.module.advantage)
     assert advantage.name == estimator and advantage.samples_per_prompt >= 2 and cfg.module.get("critic") is None
-    rows = cfg.data.batch_size * advantage.samples_per_prompt  # responses per rollout, as recipe=ppo_lora's 32
+    rows = cfg.data.batch_size * advantage.samples_per_prompt  # responses per rollout, as recipe=ppo_lora's 128
     updates = config.ppo_epochs * math.ceil(rows / config.minibatch_size)
-    assert rows == 32 and cfg.trainer.max_steps % updates == 0  # max_steps counts whole rollouts
+    assert rows == 128 and cfg.trainer.max_steps % updates == 0  # max_steps counts whole rollouts
+    assert config.scheduler == "linear" and config.total_steps == cfg.trainer.max_steps  # ppo_lora's decay (#33)
 
 
 VARIANTS = sorted((g.name, p.stem) for g in (ROOT / "configs" / "module").iterdir() for p in g.glob("*.yaml"))
