@@ -102,3 +102,20 @@ def test_bootstrap_interval_brackets_the_mean_and_shrinks_with_more_prompts():
     assert lo < 0.5 < hi
     lo_big, hi_big = bootstrap_interval(values * 25, seed=3)
     assert hi_big - lo_big < (hi - lo) / 3  # 25x the prompts: about 1/5 of the width
+
+
+def test_compare_with_sft_reports_the_exact_solve_rates(monkeypatch, prompts):
+    """#32: a verifiable reward's solve rate before and after (a response with gold 1 is solved), paired per prompt."""
+    from lrlhf.data.toy import ideal_answer
+    from lrlhf.eval import utility
+
+    two = list(prompts[:2])
+    ideal = [ideal_answer(p.meta["task"]) for p in two]
+    texts = {"sft": [ideal[0], ideal[0], "fig", ideal[1]], "policy": [ideal[0], ideal[0], ideal[1], ideal[1]]}
+    monkeypatch.setattr(utility, "generate_responses", lambda model, *a, **k: texts[model])
+    out = utility.compare_with_sft("policy", "sft", None, two, "grpo", n_samples=2, temperature=1.0,
+                                   max_new_tokens=8, seed=0)
+    assert out["gold/sft_solved"] == pytest.approx(0.75) and out["gold/grpo_solved"] == 1.0
+    assert out["gold/grpo_solved_gain"] == pytest.approx(0.25)  # prompt 0: +0, prompt 1: +0.5
+    lo, hi = out["gold/grpo_solved_gain_interval"]
+    assert lo <= 0.25 <= hi

@@ -71,7 +71,9 @@ def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[Prompt
                      max_prompts: int | None = None, max_prompt_length: int = 1024) -> dict:
     """``judge``'s mean score of ``sft_model``'s and of ``model``'s (reported as ``name``) responses to the same
     prompts with the same seed, the paired difference and ``model``'s win rate against SFT (sample i of a prompt
-    against sample i; a tie counts half), each with its 95% prompt-bootstrap interval (``_interval``).
+    against sample i; a tie counts half), each with its 95% prompt-bootstrap interval (``_interval``); with gold,
+    the fraction of responses solved exactly (utility 1: ``gold/sft_solved``, ``gold/<name>_solved``) and the paired
+    gain ``gold/<name>_solved_gain`` with its interval.
 
     ``judge``: ``toy_gold`` (keys ``gold/...``: the toy world's gold utility), or any judge of
     :func:`lrlhf.eval.judges.resolve_judge` (keys ``judge/...``: a world without gold reports no "gold").
@@ -99,7 +101,15 @@ def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[Prompt
     sft, trained = per_prompt(u_sft), per_prompt(u_model)
     diff = [b - a for a, b in zip(sft, trained, strict=True)]
     wins = per_prompt([1.0 if b > a else 0.5 if b == a else 0.0 for a, b in zip(u_sft, u_model, strict=True)])
-    return {f"{label}/sft": sum(sft) / len(sft), f"{label}/sft_interval": bootstrap_interval(sft),
+    out = {}
+    if label == "gold":  # the toy world's exact solutions: a verifiable reward's solve rate (#32)
+        solved_sft = per_prompt([float(u >= 1.0) for u in u_sft])
+        solved = per_prompt([float(u >= 1.0) for u in u_model])
+        gain = [b - a for a, b in zip(solved_sft, solved, strict=True)]
+        out = {"gold/sft_solved": sum(solved_sft) / len(solved_sft), f"gold/{name}_solved": sum(solved) / len(solved),
+               f"gold/{name}_solved_gain": sum(gain) / len(gain),
+               f"gold/{name}_solved_gain_interval": bootstrap_interval(gain)}
+    return out | {f"{label}/sft": sum(sft) / len(sft), f"{label}/sft_interval": bootstrap_interval(sft),
             f"{label}/{name}": sum(trained) / len(trained), f"{label}/{name}_interval": bootstrap_interval(trained),
             f"{label}/{name}_minus_sft": sum(diff) / len(diff),
             f"{label}/{name}_minus_sft_interval": bootstrap_interval(diff),

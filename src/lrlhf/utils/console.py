@@ -185,6 +185,11 @@ def print_summary(summary: dict) -> None:
         if f"{kind}/{name}_win_rate" in summary:
             lo, hi = summary[f"{kind}/{name}_win_rate_interval"]
             print(f"  {label} win rate against SFT: {summary[f'{kind}/{name}_win_rate']:.3f} [{lo:.3f}, {hi:.3f}]")
+        if f"gold/{name}_solved" in summary and kind == "gold":
+            lo, hi = summary[f"gold/{name}_solved_gain_interval"]
+            solved, gain = summary[f"gold/{name}_solved"], summary[f"gold/{name}_solved_gain"]
+            print(f"  solved exactly: SFT {summary['gold/sft_solved']:.3f}, {label} {solved:.3f} "
+                  f"({gain:+.3f} [{lo:+.3f}, {hi:+.3f}])")
     if "test/accuracy_interval" in summary:  # a reward model, with what length alone scores on the same pairs
         lo, hi = summary["test/accuracy_interval"]
         print(f"held-out pairwise accuracy: {summary['test/pair_accuracy']:.3f} (95% bootstrap [{lo:.3f}, {hi:.3f}], "
