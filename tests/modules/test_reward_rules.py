@@ -127,3 +127,45 @@ def test_a_mixture_in_ppo_is_measured_on_reference_samples_logged_and_checkpoint
     module.on_save_checkpoint(checkpoint)
     assert checkpoint["reward_calibration"] == {k: list(v) for k, v in mixture.stats.items()}
     assert all(math.isfinite(v) for pair in mixture.stats.values() for v in pair)
+
+
+# ------------------------------------------------------------------------------------------ a judge (direct RLAIF)
+class CannedJudge:
+    """JudgeReward with canned answers instead of a model's."""
+
+    @staticmethod
+    def make(answers, **kw):
+        from lrlhf.modules.reward_judge import JudgeReward
+
+        class Canned(JudgeReward):
+            def verdicts(self, prompts, responses):
+                return answers[:len(responses)]
+
+        return Canned(judge="unused", **kw)
+
+
+def test_a_judges_scores_are_parsed_and_an_unparsed_answer_is_counted_not_zeroed():
+    judge = CannedJudge.make(["8", "score: 12", "I cannot rate this", "2.5 out of 10"])
+    scores, parts = judge.score_texts(["p"] * 4, ["a", "b", "c", "d"])
+    assert scores[:2] == [0.8, 1.0] and scores[3] == 0.25  # clamped to [0, 10], mapped to [0, 1]
+    assert scores[2] == pytest.approx((0.8 + 1.0 + 0.25) / 3)  # the batch's parsed mean: pushes neither way
+    assert parts == {"judge_unparsed": [0.0, 0.0, 1.0, 0.0]}
+    with pytest.raises(Exception, match="none of the judge's 2 answers holds a score .* one answer: 'no'"):
+        CannedJudge.make(["no", "never"]).score_texts(["p"] * 2, ["a", "b"])
+    for kw, message in (({"template": "{prompt}"}, "must hold {response}"), ({"low": 1.0, "high": 1.0},
+                                                                            "high must be > low")):
+        with pytest.raises(ValueError, match=message):
+            CannedJudge.make([], **kw)
+
+
+def test_a_judge_model_is_loaded_frozen_and_its_answers_read(world, tokenizer):  # noqa: F811
+    from lrlhf.modules.reward_judge import JudgeReward
+
+    judge = JudgeReward(judge=str(world.model), template="sort these numbers : {prompt} {response}")
+    module = judge.build(None, tokenizer)
+    assert module is judge.model and not any(p.requires_grad for p in module.parameters())
+    answers = judge.verdicts(["3 1 2"], ["1 2 3"])
+    assert len(answers) == 1 and isinstance(answers[0], str)  # the untrained toy model's words
+    if judge.parse(answers[0]) is None:
+        with pytest.raises(Exception, match="none of the judge's 1 answers holds a score"):
+            judge.score_texts(["3 1 2"], ["1 2 3"])

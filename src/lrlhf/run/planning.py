@@ -142,7 +142,8 @@ def stage_key(cfg: DictConfig) -> str:
 
 #: what a required key (``???`` in its config file) is, for its one-line error
 REQUIRED_HINTS = {"model.name_or_path": "<hub id or local folder> (model=hf: your own model)",
-                  "world.preferences": "<your preference file> (world=files: your own data, docs/real_data.md)"}
+                  "world.preferences": "<your preference file> (world=files: your own data, docs/real_data.md)",
+                  "module.reward_model.judge": "<judge model folder or hub id> (reward=judge, docs/rewards.md)"}
 
 
 def check_required(cfg: DictConfig) -> None:
