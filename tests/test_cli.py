@@ -449,3 +449,22 @@ def test_model_hf_without_a_gpu_gets_the_cpu_sizes_unless_hparams_is_chosen(monk
     assert cli._sized_for_the_machine(["model=hf"]) == ["model=hf"]
     cfg = _compose(["model=hf", "hparams=cpu", "model.name_or_path=x", "paths.run_dir=."])
     assert cfg.trainer.max_steps == 16 and cfg.module.calibration.n_prompts == 16  # ppo_lora at the CPU sizes
+
+
+@pytest.mark.parametrize("hparams", ["toy", "cpu", "smollm2", "hf"])
+@pytest.mark.parametrize(("reward", "cls"), [("gold", "FunctionReward"), ("rules", "RuleReward"),
+                                             ("mixture", "Mixture"), ("judge", "JudgeReward")])
+def test_every_reward_config_builds_its_own_node_at_every_scale(hparams, reward, cls):
+    """#32: a reward=... node merged onto a scale's own reward node (hparams=smollm2's RewardAdapter dict) mixed their
+    keys (RuleReward(path=...)); each reward config's node is its own at every scale."""
+    from hydra.utils import instantiate
+
+    extra = ["module.reward_model.judge=/a/judge"] if reward == "judge" else []
+    cfg = _compose(["recipe=grpo_lora", f"reward={reward}", f"hparams={hparams}", "paths.run_dir=.", *extra])
+    source = instantiate(cfg.module.reward_model, _convert_="all")
+    assert type(source).__name__ == cls
+    if reward == "mixture":  # the scale's reward model is the mixture's `rm`: a LoRA RM's adapter where it is one
+        rm = type(source.sources["rm"]).__name__
+        assert rm == ("FrozenRewardModel" if hparams == "toy" else "RewardAdapter"), rm
+    rows = cfg.data.batch_size * 4  # RLOO / GRPO: as many responses per rollout as ppo_lora at the scale
+    assert rows == cfg.hparams.ppo.batch_size

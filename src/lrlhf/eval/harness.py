@@ -265,6 +265,8 @@ def check_eval_config(ev: EvalSettings) -> None:
         ("tie_band", float(ev.tie_band or 0) >= 0, "must be >= 0"),
         ("bon.n", all(int(n) >= 1 for n in bon.n or []), "entries must be >= 1"),
         ("bon.curve_max", int(bon.curve_max or 0) >= 0, "must be >= 0 (0: no curve)"),
+        ("bon.gold_curve", not bon.gold_curve or int(bon.curve_max or 0) > 0,
+         "needs eval.bon.curve_max > 0 (the curves' largest N)"),
         ("bon.policy", not (bon.n or bon.curve_max) or bon.policy in policies,
          f"must be one of eval.policies {sorted(policies)}"),
         ("judge", callable(ev.judge) or ev.judge == "toy_gold"

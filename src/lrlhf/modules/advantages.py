@@ -142,19 +142,26 @@ class DynamicSampling:
     module.group_filter.groups=8``), so a rollout still has ``groups`` informative ones when some are degenerate.
     Every rank keeps as many as the one with the fewest (the ranks step together).
 
+    A rollout with no informative group makes no optimiser step; ``max_empty`` such rollouts in a row stop the run
+    (the policy solves or fails every prompt alike: ``trainer.max_steps`` would never be reached).
+
     Args:
         groups: groups an update keeps at most; None = every informative group of the batch.
         tolerance: a group whose scores' range is at most this is degenerate.
+        max_empty: empty rollouts in a row that stop the run.
     """
 
     groups: int | None = None
     tolerance: float = 0.0
+    max_empty: int = 10
 
     def __post_init__(self):
         if self.groups is not None and self.groups < 1:
             raise ValueError(f"module.group_filter.groups must be >= 1 or null, got {self.groups!r}")
         if not self.tolerance >= 0:
             raise ValueError(f"module.group_filter.tolerance must be >= 0, got {self.tolerance!r}")
+        if self.max_empty < 1:
+            raise ValueError(f"module.group_filter.max_empty must be >= 1, got {self.max_empty!r}")
 
     def rows(self, scores: Tensor, k: int) -> tuple[Tensor, dict[str, float]]:
         """``(rows kept, stats)``: the rows of the first informative groups (``groups`` at most, the same number on

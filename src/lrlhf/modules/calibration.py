@@ -58,8 +58,10 @@ class ReferenceSamples:
         scores = scores.double()
         std = scores.std().item()
         if not std > 0:
-            raise ValueError(f"module.calibration: the reward model gave every one of {len(scores)} reference "
-                             f"responses the score {scores[0].item():.4g}; a constant reward has no scale to measure")
+            raise ValueError(f"module.calibration: the reward (module.reward_model) gave every one of {len(scores)} "
+                             f"reference responses the score {scores[0].item():.4g}; a constant reward has no scale "
+                             "to measure (a rule the reference always passes or always fails: set "
+                             "module.calibration=null, or mix it with reward=mixture)")
         return RewardCalibration(mean=scores.mean().item(), std=std, count=len(scores),
                                  reference=f"the reference policy's samples on {len(scores)} RL prompts")
 

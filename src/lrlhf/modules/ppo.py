@@ -144,6 +144,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         #: DAPO's dynamic sampling (``module.group_filter``): a group estimator's degenerate groups left out
         self.group_filter = group_filter
         self.rollout_filter_stats: dict[str, float] = {}  # what it kept on the last rollout
+        self.empty_in_a_row = 0  # rollouts in a row it left empty
         if group_filter is not None and self.advantage.samples_per_prompt < 2:
             raise ValueError("module.group_filter needs a group estimator (module/advantage=rloo|grpo, k >= 2 "
                              "samples per prompt)")
@@ -151,6 +152,11 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         if off_policy is not None and cfg.recompute_old_logprobs is False:
             raise ValueError("module.off_policy corrects the sampler's log-probs against the trainer's forward: it "
                              "needs module.config.recompute_old_logprobs=null or true, got false")
+        k = self.advantage.samples_per_prompt
+        if cfg.micro_batch_size and cfg.prefix_sharing is True and cfg.micro_batch_size % k:
+            raise ValueError(f"module.config.micro_batch_size={cfg.micro_batch_size} must be a multiple of "
+                             f"module.advantage.samples_per_prompt={k} with module.config.prefix_sharing=true (a "
+                             "shared forward holds whole groups)")
         self.sharing = GroupSharing(cfg.prefix_sharing, self.advantage.samples_per_prompt, cfg.minibatch_size,
                                     has_critic=self.critic is not None)
         self.guards = PPOGuards(cfg.check_invariants, cfg.first_ratio_tolerance, cfg.recompute_old_logprobs)
@@ -412,7 +418,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
             sampler_logprobs=(scored["logprobs"] if sampler_logprobs is None else sampler_logprobs.float()),
         )
         if self.group_filter is not None:  # dynamic sampling: groups of equal scores are dropped
-            rows, self.rollout_filter_stats = self.group_filter.rows(scores, self.advantage.samples_per_prompt)
+            rows, self.rollout_filter_stats = self.group_filter.rows(shaped.scores, self.advantage.samples_per_prompt)
             rollout = rollout.select(rows)
             if self.rollout_disagreement is not None:
                 self.rollout_disagreement = self.rollout_disagreement[rows]
@@ -443,7 +449,15 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         if len(rollout) == 0:  # dynamic sampling found no group to learn from on some rank: no update
             log_synced(self, {**self.rollout_filter_stats, "rollout/skipped_update": 1.0}, batch_size=1)
             self.rollouts_done += 1
+            self.empty_in_a_row += 1  # no optimiser step: trainer.max_steps alone would never end the run
+            if self.empty_in_a_row >= self.group_filter.max_empty:
+                raise InvariantError(
+                    f"dynamic sampling (module.group_filter) found no group with unequal scores in "
+                    f"{self.empty_in_a_row} rollouts in a row (rollout {self.rollouts_done}): the policy solves or "
+                    "fails every prompt alike, so nothing is left to learn and no optimiser step is made. Stop here, "
+                    "or raise module.group_filter.max_empty, or lower module.group_filter.tolerance")
             return None
+        self.empty_in_a_row = 0
         stats = self.rollout_stats(rollout)
         if getattr(self, "keep_last_rollout", False):  # read by lrlhf.callbacks.HighRewardAudit, until the next one
             self.last_rollout = (batch, rollout, self.rollout_disagreement)

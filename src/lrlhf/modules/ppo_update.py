@@ -66,18 +66,21 @@ class PPOUpdate:
         cfg = self.config
         critic_only = self.in_value_warmup()  # the critic's warm-up: the policy does not move
         denominator = self.surrogate.aggregation.denominator(mb.policy_mask)
-        tokens = mb.action_mask.sum().clamp(min=1)
+        tokens = mb.action_mask.sum().clamp(min=1)  # the value loss's token mean
+        policy_tokens = mb.policy_mask.sum().clamp(min=1)  # the entropy's and the statistics' (overlong rows out)
         step: dict[str, float] = {}
         for rows in row_chunks(len(mb), cfg.micro_batch_size or cfg.minibatch_size):
             part = mb.select(rows)
             share = part.action_mask.sum() / tokens  # this micro-batch's part of the minibatch's token means
+            pshare = part.policy_mask.sum() / policy_tokens
             logprobs, logits, values = self.policy_value_forward(part.query_ids, part.query_mask, part.response_ids)
             if first and rows.start == 0:  # the weights have not moved yet: the ratio must be 1
                 deviation = self.guards.first_ratio(logprobs, part.logprobs, part.action_mask, self.compute_precision,
                                                     self.rollouts_done)
                 if deviation is not None:
                     step["guard/first_ratio_deviation"] = deviation
-            # only the terms in use reach the hook (a subclass's policy_loss(logprobs, old, adv, mask) still works)
+            # only the terms in use reach the hook: a subclass's policy_loss(logprobs, old, adv, mask) works as long as
+            # micro-batches, the off-policy correction and the KL in the loss are off
             terms = {"denominator": denominator} if len(part) < len(mb) else {}
             if self.off_policy is not None:
                 terms["weights"] = self.off_policy(part.logprobs, part.sampler_logprobs, part.action_mask)
@@ -89,10 +92,10 @@ class PPOUpdate:
             else:
                 parts = {}
             loss, pstats = self.policy_loss(logprobs, part.logprobs, part.advantages, part.policy_mask, **terms)
-            parts.update({"ppo/policy_loss": loss.detach(), "ppo/approx_kl": pstats.approx_kl * share,
-                          "ppo/clipfrac": pstats.clipfrac * share, "ppo/ratio_mean": pstats.ratio_mean * share})
+            parts.update({"ppo/policy_loss": loss.detach(), "ppo/approx_kl": pstats.approx_kl * pshare,
+                          "ppo/clipfrac": pstats.clipfrac * pshare, "ppo/ratio_mean": pstats.ratio_mean * pshare})
             with torch.set_grad_enabled(cfg.entropy_coef > 0 and not critic_only):
-                entropy = masked_mean(entropy_from_logits(logits, cfg.temperature), part.action_mask) * share
+                entropy = masked_mean(entropy_from_logits(logits, cfg.temperature), part.policy_mask) * pshare
             parts["ppo/entropy"] = entropy.detach()
             if cfg.entropy_coef > 0 and not critic_only:
                 loss = loss - cfg.entropy_coef * entropy

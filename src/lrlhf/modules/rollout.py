@@ -144,7 +144,8 @@ def rollout_stats(rollout: Rollout, kl_coef: float, with_values: bool) -> dict[s
 
 
 #: Statistics that are not means: reduced across ranks with their own operation when logged.
-STAT_REDUCTIONS = {"rollout/size": "sum", "rollout/truncated": "sum", "ppo/ratio_max": "max"}
+STAT_REDUCTIONS = {"rollout/size": "sum", "rollout/truncated": "sum", "ppo/ratio_max": "max",
+                   "offpolicy/ratio_max": "max", "rollout/groups_sampled": "sum", "rollout/groups_kept": "sum"}
 
 
 def log_synced(module, stats: dict[str, float], batch_size: int) -> None:
