@@ -7,6 +7,7 @@ import torch
 
 from lrlhf.modules import PPOModule
 from lrlhf.modules.advantages import GroupAdvantage
+from lrlhf.modules.rewards import TextReward
 
 
 class ConstantScorePPO(PPOModule):
@@ -43,3 +44,14 @@ def prefer_longer(prompt, a: str, b: str) -> float:
     """A pairwise annotator of tests/test_rounds.py (rounds.annotator=PairwiseAnnotator): the longer response
     wins, equal lengths tie; a labeller of the file exchange applies the same rule by hand."""
     return 1.0 if len(a) > len(b) else 0.0 if len(a) < len(b) else 0.5
+
+
+class ShortAnswer(TextReward):
+    """docs/rewards.md's own reward in a few lines: shorter answers score higher; the word count is a component."""
+
+    name = "short_answer"
+
+    def score_texts(self, prompts, responses):
+        words = [len(r.split()) for r in responses]
+        return [1.0 / (1 + w) for w in words], {"words": [float(w) for w in words]}
+

@@ -204,6 +204,19 @@ def test_a_user_subclass_by_target_overrides_one_hook(tmp_path):
     assert raw and all(r == 0.5 for r in raw)
 
 
+def test_a_users_own_reward_by_target_runs_through_train_py(tmp_path):
+    """#32: docs/rewards.md's example (cli_subclass.ShortAnswer, a TextReward in a few lines) as GRPO's reward."""
+    run = tmp_path / "run"
+    _train(tmp_path, "recipe=grpo_lora", "logger=csv", f"hydra.run.dir={run}",
+           "module.reward_model={_target_: cli_subclass.ShortAnswer}", "module.calibration=null", "needs.rm=null",
+           *_tiny("grpo_lora"))
+    rows = list(csv.DictReader((run / "logs" / "metrics.csv").open()))
+    words = [float(r["reward/words"]) for r in rows if r.get("reward/words")]
+    raw = [float(r["rollout/score_raw"]) for r in rows if r.get("rollout/score_raw")]
+    assert words and raw and all(0 < x <= 1 for x in raw)
+    assert not list((tmp_path / "cache" / "stages").glob("rm-*"))  # needs.rm=null: no reward model built
+
+
 def test_wandb_offline_without_a_key_never_prompts(tmp_path):
     run = tmp_path / "run"
     env = {"HOME": str(tmp_path), "WANDB_API_KEY": "", "WANDB_MODE": ""}
