@@ -11,13 +11,14 @@ off-policy RL training"; TRL's ``vllm_importance_sampling_correction``, verl's `
 - :class:`MaskedIS`: ``w`` where ``w <= cap``, 0 elsewhere (masked importance sampling, MIS): a token the sampler
   got badly wrong teaches nothing instead of a capped amount.
 
-``level="sequence"`` uses one weight per sequence, ``exp(sum_t log w_t)``, for every token of it. The weights are
-computed once per rollout (they do not change during the update epochs) and carry no gradient.
+``level="sequence"`` uses one weight per sequence, ``exp(sum_t log w_t)``, for every token of it. The weights depend
+on the rollout's frozen log-probs only (the same at every update epoch) and carry no gradient.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -27,14 +28,21 @@ from lrlhf.functional.masks import masked_mean
 LEVELS = ("token", "sequence")
 
 
+@dataclass
 class OffPolicyCorrection:
-    """``(trainer_logprobs, sampler_logprobs, mask) -> (weights, stats)``, ``(B, T)`` weights (0 off the mask)."""
+    """``(trainer_logprobs, sampler_logprobs, mask) -> (B, T)`` weights (0 off the mask); subclasses write
+    :meth:`limit` and name what it changes (``changed_name``).
 
-    cap: float
-    level: str
-    changed_name: str = "changed"  # the logged fraction's name: ``offpolicy/<changed_name>_frac``
+    Args:
+        cap: the bound of ``pi_old / mu``, ``>= 1``.
+        level: ``token`` (a weight per token) or ``sequence`` (one per sequence, the product of its tokens').
+    """
 
-    def _check(self) -> None:
+    cap: float = 2.0
+    level: str = "token"
+    changed_name: ClassVar[str] = "changed"  # the logged fraction: ``offpolicy/<changed_name>_frac``
+
+    def __post_init__(self):
         if not self.cap >= 1:
             raise ValueError(f"module.off_policy.cap must be >= 1, got {self.cap!r}")
         if self.level not in LEVELS:
@@ -44,24 +52,27 @@ class OffPolicyCorrection:
         """The raw weights ``w`` bounded (truncated or masked at ``cap``)."""
         raise NotImplementedError
 
-    def _raw(self, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        log_w = torch.where(mask.bool(), trainer_logprobs.double() - sampler_logprobs.double(), 0.0)
+    def _weights(self, trainer_logprobs: Tensor, sampler_logprobs: Tensor,
+                 mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``(log w, w, bounded w)`` in fp64, each ``(B, T)``, 0 (and w = 1) off the mask."""
+        valid = mask.bool()
+        log_w = torch.where(valid, trainer_logprobs.double() - sampler_logprobs.double(), 0.0)
         if self.level == "sequence":
             log_w = log_w.sum(-1, keepdim=True).expand_as(log_w)
-        return log_w, torch.exp(log_w)
+        raw = torch.exp(log_w)
+        return log_w, raw, torch.where(valid, self.limit(raw), 0.0)
 
     @torch.no_grad()
     def __call__(self, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> Tensor:
-        """``(B, T)`` the bounded weights ``pi_old / mu`` (0 off the mask), in ``trainer_logprobs``' dtype."""
-        _, raw = self._raw(trainer_logprobs, sampler_logprobs, mask)
-        return torch.where(mask.bool(), self.limit(raw), 0.0).to(trainer_logprobs.dtype)
+        """``(B, T)`` the bounded weights ``pi_old / mu`` (0 off the mask), in ``trainer_logprobs``' dtype. They
+        depend on the rollout's frozen log-probs only: the same at every update epoch."""
+        return self._weights(trainer_logprobs, sampler_logprobs, mask)[2].to(trainer_logprobs.dtype)
 
     @torch.no_grad()
     def stats(self, trainer_logprobs: Tensor, sampler_logprobs: Tensor, mask: Tensor) -> dict[str, float]:
         """What a rollout's correction did: ``offpolicy/log_ratio_abs_mean`` (how far the sampler is from the
         trainer), the raw ratio's mean and max, the fraction of tokens truncated / masked, the weights' mean."""
-        log_w, raw = self._raw(trainer_logprobs, sampler_logprobs, mask)
-        weights = torch.where(mask.bool(), self.limit(raw), 0.0)
+        log_w, raw, weights = self._weights(trainer_logprobs, sampler_logprobs, mask)
         valid = mask.bool()
         return {
             "offpolicy/log_ratio_abs_mean": float(masked_mean(log_w.abs(), mask)),
@@ -76,12 +87,7 @@ class OffPolicyCorrection:
 class TruncatedIS(OffPolicyCorrection):
     """``min(pi_old / mu, cap)`` per token (or per sequence): truncated importance sampling."""
 
-    cap: float = 2.0
-    level: str = "token"
-    changed_name = "truncated"
-
-    def __post_init__(self):
-        self._check()
+    changed_name: ClassVar[str] = "truncated"
 
     def limit(self, w: Tensor) -> Tensor:
         return w.clamp(max=self.cap)
@@ -92,12 +98,7 @@ class MaskedIS(OffPolicyCorrection):
     """``pi_old / mu`` where it is ``<= cap``, 0 elsewhere, per token (or per sequence): masked importance
     sampling."""
 
-    cap: float = 2.0
-    level: str = "token"
-    changed_name = "masked"
-
-    def __post_init__(self):
-        self._check()
+    changed_name: ClassVar[str] = "masked"
 
     def limit(self, w: Tensor) -> Tensor:
         return torch.where(w <= self.cap, w, 0.0)

@@ -51,11 +51,8 @@ class ReferenceSamples:
 
     @torch.no_grad()
     def measure(self, module, datamodule) -> RewardCalibration:
-        query_ids, query_mask, response_ids, masks = self.reference_batch(module, datamodule)
-        scores = torch.cat([module.score(query_ids[rows], query_mask[rows], response_ids[rows],
-                                         type(masks)(*(m[rows] for m in masks)))
-                            for rows in row_chunks(query_ids.shape[0], module.config.forward_batch_size)])
-        scores = scores.double()
+        chunks = reference_chunks(self.reference_batch(module, datamodule), module.config.forward_batch_size)
+        scores = torch.cat([module.score(*chunk) for chunk in chunks]).double()
         std = scores.std().item()
         if not std > 0:
             raise ValueError(f"module.calibration: the reward (module.reward_model) gave every one of {len(scores)} "
@@ -66,4 +63,12 @@ class ReferenceSamples:
                                  reference=f"the reference policy's samples on {len(scores)} RL prompts")
 
 
-__all__ = ["ReferenceSamples"]
+def reference_chunks(batch, size: int):
+    """The ``(query_ids, query_mask, response_ids, masks)`` of :meth:`ReferenceSamples.reference_batch` in chunks of
+    ``size`` rows (a scoring forward's batch)."""
+    query_ids, query_mask, response_ids, masks = batch
+    for rows in row_chunks(query_ids.shape[0], size):
+        yield query_ids[rows], query_mask[rows], response_ids[rows], type(masks)(*(m[rows] for m in masks))
+
+
+__all__ = ["ReferenceSamples", "reference_chunks"]

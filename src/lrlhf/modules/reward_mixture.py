@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from lrlhf.functional import ResponseMasks
+from lrlhf.modules.calibration import reference_chunks
 from lrlhf.modules.rewards import RewardScores, RewardSource, reward_source
-from lrlhf.modules.rollout import row_chunks
 
 
 class Mixture(RewardSource):
@@ -77,11 +77,10 @@ class Mixture(RewardSource):
         """Measure each source's ``(mean, std)`` on reference responses, once (a resumed run keeps its own)."""
         if self.calibrate is None or self.stats is not None:
             return
-        query_ids, query_mask, response_ids, masks = self.calibrate.reference_batch(module, datamodule)
+        batch = self.calibrate.reference_batch(module, datamodule)
         chunks: dict[str, list[Tensor]] = {name: [] for name in self.sources}
-        for rows in row_chunks(query_ids.shape[0], module.config.forward_batch_size):
-            part = ResponseMasks(*(m[rows] for m in masks))
-            for name, scored in self.parts_scores(query_ids[rows], query_mask[rows], response_ids[rows], part).items():
+        for chunk in reference_chunks(batch, module.config.forward_batch_size):
+            for name, scored in self.parts_scores(*chunk).items():
                 chunks[name].append(scored.scores.double())
         self.stats = {}
         for name, values in chunks.items():
