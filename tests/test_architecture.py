@@ -26,6 +26,7 @@ NEVER = {
     "eval": {"modules", "callbacks", "run"},  # measures models; never a LightningModule or a callback
     "callbacks": {"run"},  # may use eval (held-out path, judges, plots)
     "strategies": {"modules", "callbacks", "eval", "run"},  # below modules: they use its FSDP pieces
+    "labelling": {"models", "strategies", "modules", "callbacks", "run"},  # people: files and the annotators only
 }
 #: Third-party packages only these packages of lrlhf import (the composed config is the entry point's alone).
 CONFIG_PACKAGES = ("hydra", "omegaconf")
@@ -214,7 +215,7 @@ def test_only_run_reads_the_composed_config():
 def test_one_name_per_thing():
     names: dict[str, list[str]] = {}
     for path in SRC.rglob("*.py"):
-        if path.name != "__init__.py":
+        if path.name not in ("__init__.py", "__main__.py"):  # Python's own names for a package and its command
             names.setdefault(path.name, []).append(str(path.relative_to(SRC)))
     repeated = {n: sorted(p) for n, p in names.items() if len(p) > 1 and n not in SHARED_NAMES}
     assert not repeated, f"one file name for several things (rename, or name it in docs/architecture.md): {repeated}"

@@ -38,6 +38,7 @@ def test_train_py_help_lists_the_recipes():
 def test_ci_runs_the_suite_again_on_every_declared_floor():
     ci_lines = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line and not line.startswith("#")]
     assert ci_lines[-1] == "bash .ci/lowest"  # after the README's test command
+    assert "export LRLHF_REQUIRE_BROWSER=1" in ci_lines  # the browser test fails, never skips, in CI (both legs)
     lowest = (ROOT / ".ci/lowest").read_text()
     assert "--resolution lowest-direct" in lowest and '-e ".[test]"' in lowest
     assert re.search(r"^\.venv-floor/bin/python -m pytest\b", lowest, flags=re.M)  # the whole suite, no filter

@@ -146,14 +146,20 @@ class FileExchange:
         return (self.folder / f"round_{round_index}.to_label.jsonl",
                 self.folder / f"round_{round_index}.labelled.jsonl")
 
-    def label(self, pairs: Sequence[Pair], round_index: int) -> list[float | None]:
-        """Labels by pair; None for a pair the labelled file leaves out."""
+    def write_pairs(self, pairs: Sequence[Pair], round_index: int) -> tuple[Path, Path]:
+        """Write round ``round_index``'s to-label file (once: a resumed round keeps it); its and the labelled file's
+        paths."""
         out, back = self.files(round_index)
         if not out.is_file():
             out.parent.mkdir(parents=True, exist_ok=True)
             lines = [json.dumps({"id": i, **preference_record(p, 1.0), "label": None}, ensure_ascii=False)
                      for i, p in enumerate(pairs)]
             atomic_write_text(out, "".join(line + "\n" for line in lines))
+        return out, back
+
+    def label(self, pairs: Sequence[Pair], round_index: int) -> list[float | None]:
+        """Labels by pair; None for a pair the labelled file leaves out."""
+        out, back = self.write_pairs(pairs, round_index)
         deadline = time.monotonic() + self.timeout_seconds
         while not back.is_file():
             if time.monotonic() >= deadline:

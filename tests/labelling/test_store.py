@@ -1,0 +1,142 @@
+"""The labelling page's store and its quality figures, against hand-built logs: decisions and undo replayed from the
+append-only logs, a torn last line dropped and cut off, stale actions never written, the labelled file (written
+atomically once the budget holds; several annotators' labels averaged), the checks' accuracy, Cohen's kappa."""
+
+import json
+
+import pytest
+
+from lrlhf.eval.annotators import Pair, read_labels
+from lrlhf.labelling.agreement import cohen_kappa, summarise
+from lrlhf.labelling.store import LabelStore, StaleAction, labelled_path
+
+
+def write_pairs(path, n, start=0):
+    rows = [{"id": start + i, "prompt": f"question {i}", "chosen": [{"role": "assistant", "content": f"good {i}"}],
+             "rejected": [{"role": "assistant", "content": f"bad {i}"}], "label": None} for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def jsonl(path):
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_decisions_undo_and_the_labelled_file(tmp_path):
+    path = tmp_path / "round_2.to_label.jsonl"
+    write_pairs(path, 3)
+    store = LabelStore(path)
+    assert store.out == tmp_path / "round_2.labelled.jsonl" == labelled_path(path)
+    assert store.current("ann").key == "0" and store.progress("ann") == (0, 3)
+    store.decide("ann", "0", "chosen")
+    with pytest.raises(StaleAction):  # a resubmitted page for item 0: not written twice
+        store.decide("ann", "0", "rejected")
+    store.decide("ann", "1", "tie", comment="same")
+    store.undo("ann", "1")
+    with pytest.raises(StaleAction):  # only the last decision can be undone
+        store.undo("ann", "1")
+    assert store.current("ann").key == "1" and not store.out.exists()
+    store.decide("ann", "1", "rejected")
+    event = store.decide("ann", "2", "left")  # the page's terms: left is `chosen` unless swapped
+    assert event["choice"] == ("rejected" if store.swapped("ann", "2") else "chosen")
+    assert event["left"] == ("rejected" if store.swapped("ann", "2") else "chosen")
+    assert store.complete.is_set() and store.current("ann") is None
+    rows = jsonl(store.out)
+    assert [r["label"] for r in rows] == [1.0, 0.0, 1.0 if event["choice"] == "chosen" else 0.0]
+    assert [a["annotator"] for r in rows for a in r["annotations"]] == ["ann"] * 3
+    assert all(a["time"].endswith("+00:00") for r in rows for a in r["annotations"])
+    # the log holds every event, undo included; a new store replays it to the same state
+    log = jsonl(store.log_dir / "ann.jsonl")
+    assert [(e["event"], e["key"]) for e in log] == [("label", "0"), ("label", "1"), ("undo", "1"), ("label", "1"),
+                                                     ("label", "2")]
+    again = LabelStore(path)
+    assert again.complete.is_set() and list(again.logs["ann"].decisions) == ["0", "1", "2"]
+    # what FileExchange reads back: the labels by pair id
+    pairs = [Pair(None, f"good {i}", f"bad {i}") for i in range(3)]
+    assert read_labels(store.out, pairs) == [r["label"] for r in rows]
+
+
+def test_a_torn_last_line_is_dropped_and_cut_off(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, 3)
+    store = LabelStore(path)
+    store.decide("ann", "0", "chosen")
+    log = store.log_dir / "ann.jsonl"
+    log.write_text(log.read_text() + '{"event": "label", "key": "1", "cho')  # killed mid-write
+    again = LabelStore(path)
+    assert list(again.logs["ann"].decisions) == ["0"] and log.read_text().endswith("}\n")
+    again.decide("ann", "1", "skip")
+    assert [e["key"] for e in jsonl(log)] == ["0", "1"]
+    log.write_text(log.read_text() + "not json\n")  # a bad complete line is an error naming it, never skipped
+    with pytest.raises(ValueError, match=r"ann\.jsonl:3: not JSON"):
+        LabelStore(path)
+
+
+def test_budget_several_annotators_and_skips(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, 4)
+    store = LabelStore(path, budget=2)
+    store.decide("x", "0", "chosen")
+    store.decide("y", "0", "rejected")
+    assert not store.out.exists()  # one pair decided, budget 2
+    store.decide("y", "1", "skip")
+    rows = jsonl(store.out)
+    # x: 1 and y: 0 average to a tie; a skip is a decision without a label
+    assert [r["label"] for r in rows] == [0.5, None, None, None]
+    assert [len(r["annotations"]) for r in rows] == [2, 1, 0, 0]
+    store.decide("x", "1", "both_bad")
+    store.decide("x", "2", "chosen")
+    store.decide("y", "2", "chosen")
+    assert [r["label"] for r in jsonl(store.out)] == [0.5, None, 1.0, None]
+    with pytest.raises(ValueError, match="budget must be between 1 and the 4 pairs"):
+        LabelStore(path, budget=5)
+    with pytest.raises(ValueError, match="annotator name"):
+        store.annotator("../etc")
+
+
+def test_checks_are_mixed_in_and_scored(tmp_path):
+    path, checks = tmp_path / "pairs.jsonl", tmp_path / "checks.jsonl"
+    write_pairs(path, 4)
+    write_pairs(checks, 2)
+    store = LabelStore(path, checks=checks)
+    queue = store.queue("ann")
+    assert sorted(queue) == ["0", "1", "2", "3", "check-0", "check-1"]
+    assert [k for k in queue if not k.startswith("check")] == ["0", "1", "2", "3"]
+    for key in queue:
+        store.decide("ann", key, "chosen" if key != "check-1" else "rejected")
+    # checks never reach the labelled file; one of two answered right
+    assert [r["id"] for r in jsonl(store.out)] == [0, 1, 2, 3]
+    (ann,) = summarise(store).annotators
+    assert (ann.decisions, ann.checks_answered, ann.checks_correct, ann.check_accuracy) == (6, 2, 1, 0.5)
+
+
+def test_kappa_and_disagreements_by_hand(tmp_path):
+    # two annotators, 4 items: x = c r c r, y = c r r r; agreement 3/4; marginals x (1/2, 1/2), y (1/4, 3/4):
+    # p_e = 1/2 * 1/4 + 1/2 * 3/4 = 1/2, kappa = (3/4 - 1/2) / (1 - 1/2) = 1/2
+    assert cohen_kappa(["chosen", "rejected", "chosen", "rejected"],
+                       ["chosen", "rejected", "rejected", "rejected"]) == pytest.approx(0.5)
+    assert cohen_kappa(["tie", "tie"], ["tie", "tie"]) is None  # p_e = 1: undefined, never shown as a number
+    assert cohen_kappa([], []) is None
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, 5)
+    store = LabelStore(path)
+    for key, (a, b) in enumerate([("chosen", "chosen"), ("rejected", "rejected"), ("chosen", "rejected"),
+                                  ("rejected", "rejected"), ("skip", "tie")]):
+        store.decide("x", str(key), a)
+        store.decide("y", str(key), b)
+    summary = summarise(store)
+    (pair,) = summary.pairs
+    assert (pair.common, pair.agreement, pair.kappa) == (4, 0.75, pytest.approx(0.5))
+    assert summary.disagreements == [("2", {"x": "chosen", "y": "rejected"})]
+
+
+def test_bad_files_name_the_line(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "q", "chosen": "a"}\n')
+    with pytest.raises(ValueError, match=r"pairs\.jsonl:1: a pair to label needs"):
+        LabelStore(path)
+    path.write_text('{"id": 0, "prompt": "q", "chosen": "a", "rejected": "b"}\n' * 2)
+    with pytest.raises(ValueError, match=r"pairs\.jsonl:2: `id` 0 appears twice"):
+        LabelStore(path)
+    with pytest.raises(ValueError, match="cannot read"):
+        LabelStore(tmp_path / "missing.jsonl")
