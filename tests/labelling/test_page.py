@@ -85,4 +85,4 @@ def test_the_command_names_a_bad_file(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "q"}\n')
     assert main(["label", str(bad)]) == 2
-    assert f"{bad}:1: a pair to label needs" in capsys.readouterr().err
+    assert f"{bad}:1: cannot detect the preference format" in capsys.readouterr().err

@@ -72,6 +72,22 @@ def test_a_torn_last_line_is_dropped_and_cut_off(tmp_path):
         LabelStore(path)
 
 
+def test_the_page_order_is_seeded_per_annotator_and_item_and_maps_back_to_the_file(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, 12)
+    store = LabelStore(path)
+    swapped = [store.swapped("ann", str(i)) for i in range(12)]
+    assert 0 < sum(swapped) < 12 and swapped != [store.swapped("other", str(i)) for i in range(12)]
+    assert swapped == [LabelStore(path).swapped("ann", str(i)) for i in range(12)]  # the same after a restart
+    for i in range(12):
+        event = store.decide("ann", str(i), "left" if i % 2 else "right")
+        on_left = "rejected" if swapped[i] else "chosen"
+        on_right = "chosen" if swapped[i] else "rejected"
+        assert (event["left"], event["choice"]) == (on_left, on_left if i % 2 else on_right)
+    assert [r["label"] for r in jsonl(store.out)] == [
+        float((i % 2 == 1) != swapped[i]) for i in range(12)]  # 1: `chosen` as written preferred
+
+
 def test_budget_several_annotators_and_skips(tmp_path):
     path = tmp_path / "pairs.jsonl"
     write_pairs(path, 4)
@@ -102,6 +118,8 @@ def test_checks_are_mixed_in_and_scored(tmp_path):
     queue = store.queue("ann")
     assert sorted(queue) == ["0", "1", "2", "3", "check-0", "check-1"]
     assert [k for k in queue if not k.startswith("check")] == ["0", "1", "2", "3"]
+    # mixed in at seeded places, so an annotator cannot tell a check by where it is
+    assert len({tuple(store.queue(name)) for name in "abcdefgh"}) > 2 and store.queue("ann") == queue
     for key in queue:
         store.decide("ann", key, "chosen" if key != "check-1" else "rejected")
     # checks never reach the labelled file; one of two answered right
@@ -133,10 +151,24 @@ def test_kappa_and_disagreements_by_hand(tmp_path):
 def test_bad_files_name_the_line(tmp_path):
     path = tmp_path / "pairs.jsonl"
     path.write_text('{"prompt": "q", "chosen": "a"}\n')
-    with pytest.raises(ValueError, match=r"pairs\.jsonl:1: a pair to label needs"):
+    with pytest.raises(ValueError, match=r"pairs\.jsonl:1: cannot detect the preference format"):
         LabelStore(path)
     path.write_text('{"id": 0, "prompt": "q", "chosen": "a", "rejected": "b"}\n' * 2)
     with pytest.raises(ValueError, match=r"pairs\.jsonl:2: `id` 0 appears twice"):
         LabelStore(path)
     with pytest.raises(ValueError, match="cannot read"):
         LabelStore(tmp_path / "missing.jsonl")
+
+
+def test_other_preference_formats_and_labels_kept_elsewhere(tmp_path):
+    # HH-RLHF transcripts in a JSON list (no prompt key, no id): the shared prefix is the conversation
+    source = tmp_path / "data" / "hh.json"
+    source.parent.mkdir()
+    source.write_text(json.dumps([{"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello, how can I help?",
+                                   "rejected": "\n\nHuman: Hi?\n\nAssistant: Go away."}]))
+    store = LabelStore(source, out_dir=tmp_path / "labels")
+    (item,) = store.pairs
+    assert (item.turns, item.chosen, item.rejected) == ((("user", "Hi?"),), "Hello, how can I help?", "Go away.")
+    store.decide("ann", "0", "chosen")
+    assert jsonl(tmp_path / "labels" / "hh.labelled.jsonl")[0]["label"] == 1.0
+    assert sorted(p.name for p in source.parent.iterdir()) == ["hh.json"]  # nothing written beside the data

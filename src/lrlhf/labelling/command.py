@@ -1,4 +1,5 @@
-"""``lrlhf label <file> [--checks FILE] [--budget N] [--host H] [--port P] [--token T]``: serve the labelling page.
+"""``lrlhf label <file> [--checks FILE] [--budget N] [--out DIR] [--host H] [--port P] [--token T]``: serve the
+labelling page.
 
 The page is served on 127.0.0.1 by default; another host needs a token (``--token``, or one is drawn and printed in
 the page's address). The command prints the address, serves until Ctrl-C (or until the budget is labelled with
@@ -23,6 +24,7 @@ def parser() -> argparse.ArgumentParser:
     label.add_argument("--checks", help="check items with a known answer (`chosen` is the better one), mixed in")
     label.add_argument("--budget", type=int, help="write the labelled file once this many pairs have a decision "
                                                   "(default: all)")
+    label.add_argument("--out", help="the folder of the labels and the labelled file (default: the file's folder)")
     label.add_argument("--host", default="127.0.0.1")
     label.add_argument("--port", type=int, default=8765, help="0: any free port")
     label.add_argument("--token", help="required of every request (drawn when --host is not a loopback address)")
@@ -36,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     from lrlhf.labelling.app import LOOPBACK, Server
 
     try:
-        store = LabelStore(args.file, checks=args.checks, budget=args.budget, seed=args.seed)
+        store = LabelStore(args.file, checks=args.checks, budget=args.budget, seed=args.seed,
+                           out_dir=args.out)
     except ValueError as err:
         print(f"lrlhf label: {err}", file=sys.stderr)
         return 2

@@ -53,42 +53,31 @@ class Item:
     check: bool = False
 
 
-def _turns(value, where: str) -> tuple[tuple[str, str], ...]:
-    if isinstance(value, str):
-        return (("user", value),)
-    if isinstance(value, list) and all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in value):
-        return tuple((str(m.get("role", "user")), m["content"]) for m in value)
-    raise ValueError(f"{where}: `prompt` must be a string or a list of {{role, content}} messages")
-
-
-def _answer(value, key: str, where: str) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and value and all(isinstance(m, dict) and isinstance(m.get("content"), str)
-                                                 for m in value):
-        if len(value) == 1:
-            return value[0]["content"]
-        return "\n\n".join(f"**{m.get('role', 'assistant')}:** {m['content']}" for m in value)
-    raise ValueError(f"{where}: `{key}` must be a string or a non-empty list of {{role, content}} messages")
+def _text(messages: list[dict]) -> str:
+    """One answer's text: its content, or each message's with its role when it is several turns."""
+    if len(messages) == 1:
+        return messages[0]["content"]
+    return "\n\n".join(f"**{m['role']}:** {m['content']}" for m in messages)
 
 
 def read_items(path: Path, check: bool = False) -> list[Item]:
-    """The pairs of a preference-format JSONL file; a bad line names the file and line."""
+    """The pairs of a local preference file in any format lrlhf reads (its own ``prompt`` / ``chosen`` /
+    ``rejected``, HH-RLHF's transcripts, ShareGPT / LLaMA-Factory pairs...; JSONL, a JSON list, gzip, parquet): a
+    bad record names the file and line."""
+    from lrlhf.data.conversations import SkipRecord
+    from lrlhf.data.formats.reading import read_record
+    from lrlhf.data.sources import read_rows
+
+    if not path.is_file():
+        raise ValueError(f"{path}: cannot read it: not a file")
+    rows, _ = read_rows(path)
     items, seen = [], set()
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read it: {err}") from err
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
+    for raw in rows:
+        record, where = raw.row, raw.where
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{where}: not JSON: {err}") from err
-        if not isinstance(record, dict) or not {"prompt", "chosen", "rejected"} <= record.keys():
-            raise ValueError(f"{where}: a pair to label needs `prompt`, `chosen` and `rejected`")
+            pair = read_record(record, "preference", where=where, source=path.name)
+        except SkipRecord as skip:
+            raise ValueError(f"{where}: not a pair to label ({skip.reason})") from None
         index = len(items)
         pair_id = record.get("id", index)
         if check:
@@ -100,8 +89,8 @@ def read_items(path: Path, check: bool = False) -> list[Item]:
         if key in seen:
             raise ValueError(f"{where}: `id` {pair_id} appears twice")
         seen.add(key)
-        items.append(Item(key, _turns(record["prompt"], where), _answer(record["chosen"], "chosen", where),
-                          _answer(record["rejected"], "rejected", where), {**record, "id": pair_id}, check))
+        turns = tuple((m["role"], m["content"]) for m in pair.prompt)
+        items.append(Item(key, turns, _text(pair.chosen), _text(pair.rejected), {**record, "id": pair_id}, check))
     if not items and not check:
         raise ValueError(f"{path}: no pairs to label")
     return items
@@ -109,7 +98,9 @@ def read_items(path: Path, check: bool = False) -> list[Item]:
 
 def labelled_path(path: Path) -> Path:
     """``round_2.to_label.jsonl`` -> ``round_2.labelled.jsonl``; ``pairs.jsonl`` -> ``pairs.labelled.jsonl``."""
-    stem = path.name.removesuffix(".jsonl").removesuffix(".to_label")
+    stem = path.name
+    for suffix in (".gz", ".jsonl", ".json", ".parquet", ".to_label"):
+        stem = stem.removesuffix(suffix)
     return path.with_name(f"{stem}.labelled.jsonl")
 
 
@@ -159,10 +150,11 @@ class AnnotatorLog:
 
 
 class LabelStore:
-    """The pairs of ``path``, the ``checks``, the annotators' logs and the labelled file; thread-safe."""
+    """The pairs of ``path``, the ``checks``, the annotators' logs and the labelled file (beside ``path``, or in
+    ``out_dir``); thread-safe."""
 
     def __init__(self, path: str | Path, checks: str | Path | None = None, budget: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, out_dir: str | Path | None = None):
         self.path = Path(path)
         self.pairs = read_items(self.path)
         self.checks = read_items(Path(checks), check=True) if checks else []
@@ -172,6 +164,8 @@ class LabelStore:
         self.budget = len(self.pairs) if budget is None else budget
         self.seed = seed
         self.out = labelled_path(self.path)
+        if out_dir is not None:  # the labels elsewhere (the pairs' folder may be read-only or shared)
+            self.out = Path(out_dir) / self.out.name
         self.log_dir = self.out.with_name(self.out.name.removesuffix(".labelled.jsonl") + ".labels")
         self.lock = threading.Lock()
         self.complete = threading.Event()
