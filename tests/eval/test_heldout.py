@@ -33,7 +33,7 @@ class StubPolicy:
     def logprobs_and_reference(self, q, qm, r):
         return (torch.zeros(r.shape), -torch.ones(r.shape)) if self.reference else None
 
-    def score(self, q, qm, r, masks: ResponseMasks):
+    def score(self, q, qm, r, masks: ResponseMasks, meta=None):
         return masks.lengths.float()
 
 

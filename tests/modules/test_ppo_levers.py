@@ -99,7 +99,7 @@ class CountingReward(RewardSource):
         self.built_with = (model, tokenizer)
         return None
 
-    def score(self, query_ids, query_mask, response_ids, masks):
+    def score(self, query_ids, query_mask, response_ids, masks, meta=None):
         rows = torch.arange(len(response_ids), dtype=torch.float32)
         return RewardScores(masks.lengths.float(), 0.1 * rows)
 

@@ -223,7 +223,7 @@ class HalfDegenerate(RewardSource):
     def build(self, model, tokenizer):  # noqa: F811
         return None
 
-    def score(self, query_ids, query_mask, response_ids, masks):
+    def score(self, query_ids, query_mask, response_ids, masks, meta=None):
         rows = torch.arange(len(response_ids), dtype=torch.float32)
         return RewardScores(torch.where((rows // self.k) % 2 == 0, 1.0, rows))
 

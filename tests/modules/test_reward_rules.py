@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lrlhf.functional import ResponseMasks
-from lrlhf.modules.calibration import ReferenceSamples
+from lrlhf.modules.calibration import ReferenceBatch, ReferenceSamples
 from lrlhf.modules.reward_mixture import Mixture
 from lrlhf.modules.reward_rules import Forbidden, JsonParses, LengthWords, Regex, RuleReward, ToolCall
 from lrlhf.modules.rewards import FunctionReward, RewardScores, RewardSource
@@ -58,7 +58,7 @@ class Fixed(RewardSource):
     def build(self, model, tokenizer):  # noqa: F811
         return None
 
-    def score(self, query_ids, query_mask, response_ids, masks):
+    def score(self, query_ids, query_mask, response_ids, masks, meta=None):
         scores = self.values[torch.arange(len(query_ids)) % len(self.values)]
         return RewardScores(scores, components={"half": scores / 2})
 
@@ -73,7 +73,7 @@ class StubCalibrate:
         ids = torch.zeros(self.n, 2, dtype=torch.long)
         masks = ResponseMasks(*(torch.zeros(self.n, 2, dtype=torch.bool),) * 2, torch.zeros(self.n, dtype=torch.long),
                               torch.ones(self.n, dtype=torch.bool), torch.ones(self.n, dtype=torch.long))
-        return ids, ids, ids, masks
+        return ReferenceBatch(ids, ids, ids, masks)
 
 
 def test_mixture_normalises_each_source_by_its_reference_scale():

@@ -57,11 +57,11 @@ class DisagreementHooks(ModuleHooks):
         super().__init__(module)
         self.disagreement: list[torch.Tensor] = []
 
-    def score(self, q, qm, r, masks):
+    def score(self, q, qm, r, masks, meta=None):
         reward_scores = getattr(self.module, "reward_scores", None)  # PPOModule: the scores with their extras
         if reward_scores is None:
-            return super().score(q, qm, r, masks)
-        scored = reward_scores(q, qm, r, masks)
+            return super().score(q, qm, r, masks, meta)
+        scored = reward_scores(q, qm, r, masks, meta)
         if scored.disagreement is not None:
             self.disagreement.append(scored.disagreement)
         return scored.scores

@@ -72,7 +72,8 @@ class HighRewardAudit(pl.Callback):
             query, query_mask = rollout.query_ids[rows], rollout.query_mask[rows]
             resp = resp.to(query.device)
             masks = response_masks(resp, pl_module.eos_token_ids, pl_module.pad_token_id)
-            raw = pl_module.score(query, query_mask, resp, masks).float()  # the run's reward, whatever its kind
+            meta = [prompts[i].meta for i in indices]  # each row's prompt record (a reference answer)
+            raw = pl_module.reward_scores(query, query_mask, resp, masks, meta).scores.float()  # the run's reward
             calibration = pl_module.calibration
             return (calibration.normalise(raw) if calibration is not None else raw).tolist()
 

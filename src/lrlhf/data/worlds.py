@@ -1,4 +1,4 @@
-"""Worlds: where a run's data comes from (``world=toy|hh_rlhf|files``), each an object chosen by ``_target_``.
+"""Worlds: where a run's data comes from (``world=toy|hh_rlhf|files|gsm8k``), each an object chosen by ``_target_``.
 
 A world is built once into ``<paths.cache_dir>/worlds/<key>/`` with one file layout that every recipe reads
 (``${world.dir}/<file>``), so a recipe runs unchanged on any world:
@@ -19,12 +19,18 @@ split only (:func:`lrlhf.data.splits.split_by_prompt`); the SFT validation promp
 which early stopping samples on, are neither RL nor evaluation prompts. A world also names its ``judge``
 (``eval.judge`` and ``callbacks.early_stopping.utility`` default to it): the toy world's gold utility, or for data
 without gold the judge RM. ``has_gold`` tells whether the world has a gold utility (only the toy world does).
+
+:class:`GSM8KWorld` is a world of problems with reference answers and no preferences (RLVR): it writes the prompt and
+SFT files alone, each record carrying its reference answer, and its judge is a math verifier (exact-answer rate).
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
+import random
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -235,4 +241,110 @@ def _demonstrations(records: list) -> list[SFTExample]:
     return out
 
 
-__all__ = ["LAYOUT", "PREFERENCE_SPLITS", "FilesWorld", "ToyWorld"]
+@dataclass
+class GSM8KWorld:
+    """GSM8K (grade-school math word problems, ``{"question", "answer"}`` JSON lines, plain or gzip; the answer a
+    worked solution whose last line is ``#### <number>``) as a world for a verifiable reward: every prompt record
+    carries its problem's ``answer`` field in ``meta`` (``reward=math`` and the judge read the reference there,
+    :mod:`lrlhf.data.math_answers`). No preference files: its recipes need no reward model (``recipe=grpo_gsm8k``).
+
+    Files: ``rl_prompts`` (the ``train`` problems less ``val_problems`` of them, drawn with ``seed``), ``sft_train``
+    (the same problems with their worked solution, calculator notes ``<<48/2=24>>`` removed), ``sft_val`` (the
+    ``val_problems`` held out: early stopping's and the sample table's prompts), ``eval_prompts`` (the ``test``
+    problems: the final held-out exact-answer rate). ``template`` turns a question into the user turn (``{question}``).
+    ``limits`` caps a file's records (a short CPU run).
+    """
+
+    train: str
+    test: str
+    template: str = '{question}\nLet\'s think step by step and output the final answer after "####".'
+    val_problems: int = 64
+    limits: dict = field(default_factory=dict)
+    seed: int = 0
+    judge: str = "lrlhf.data.math_answers:math_answer_judge"
+    name: str = "gsm8k"
+
+    has_gold = False
+    has_model = False
+    FILES = ("sft_train", "sft_val", "rl_prompts", "eval_prompts")
+
+    def __post_init__(self):
+        if "{question}" not in self.template:
+            raise ValueError(f"world.template must hold {{question}}, got {self.template!r}")
+        if self.val_problems < 1:
+            raise ValueError(f"world.val_problems must be >= 1 (early stopping's prompts), got {self.val_problems}")
+        bad = {k: v for k, v in self.limits.items() if k not in self.FILES
+               or (v is not None and (not isinstance(v, int) or v < 1))}
+        if bad:
+            raise ValueError(f"world.limits: {bad}: a limit is a file of {list(self.FILES)} and a count >= 1 (or null)")
+
+    def key(self) -> str:
+        content = {k: v for k, v in asdict(self).items() if k != "judge"}
+        content["files"] = [_file_identity(p) for p in (self.train, self.test)]
+        return f"{self.name}-{_digest(content)}"
+
+    def check(self) -> None:
+        """Both files exist (a bad path fails before anything is built, naming the key)."""
+        for key in ("train", "test"):
+            path = Path(getattr(self, key)).expanduser()
+            if not path.is_file():
+                raise FileNotFoundError(f"world.{key}={getattr(self, key)!r}: no such file ({path.resolve()})")
+
+    def describe(self) -> str:
+        return f"the {self.name} world from {self.train} and {self.test}"
+
+    def build(self, out: Path) -> None:
+        from lrlhf.data.formats import write_jsonl
+
+        train, test = _problems(self.train), _problems(self.test)
+        if len(train) <= self.val_problems:
+            raise ValueError(f"world.train={self.train!r} has {len(train)} problems: more than world.val_problems="
+                             f"{self.val_problems} are needed")
+        order = list(range(len(train)))
+        random.Random(self.seed).shuffle(order)
+        held, rest = sorted(order[:self.val_problems]), sorted(order[self.val_problems:])
+        files = {"rl_prompts": [self._prompt(train[i]) for i in rest],
+                 "sft_train": [self._demonstration(train[i]) for i in rest],
+                 "sft_val": [self._demonstration(train[i]) for i in held],
+                 "eval_prompts": [self._prompt(problem) for problem in test]}
+        files = {name: rows if self.limits.get(name) is None else rows[:self.limits[name]]
+                 for name, rows in files.items()}
+        out.mkdir(parents=True, exist_ok=True)
+        for name, rows in files.items():
+            write_jsonl(rows, out / f"{name}.jsonl")
+        report = {"world": self.name, "config": asdict(self), "sources": {"train": len(train), "test": len(test)},
+                  "files": {name: len(rows) for name, rows in files.items()}}
+        (out / "world.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+
+    def _prompt(self, problem: dict) -> PromptExample:
+        return PromptExample([{"role": "user", "content": self.template.format(question=problem["question"])}],
+                             meta={"answer": problem["answer"]})
+
+    def _demonstration(self, problem: dict) -> SFTExample:
+        solution = re.sub(r"<<[^>]*>>", "", problem["answer"])  # the calculator notes are not text to imitate
+        return SFTExample([*self._prompt(problem).prompt, {"role": "assistant", "content": solution}],
+                          meta={"answer": problem["answer"]})
+
+
+def _problems(path: str) -> list[dict]:
+    """The ``{"question", "answer"}`` rows of a JSON-lines file (gzip when its name ends in ``.gz``); an error names
+    the file and the line."""
+    opener = gzip.open if str(path).endswith(".gz") else open
+    rows = []
+    with opener(Path(path).expanduser(), "rt", encoding="utf-8") as lines:
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{number}: not JSON ({err})") from None
+            missing = [k for k in ("question", "answer") if not isinstance(row.get(k), str) or not row[k].strip()]
+            if missing:
+                raise ValueError(f"{path}:{number}: field(s) {missing} missing or not text; a problem is "
+                                 '{"question": str, "answer": str} (GSM8K)')
+            rows.append(row)
+    return rows
+
+
+__all__ = ["LAYOUT", "PREFERENCE_SPLITS", "FilesWorld", "GSM8KWorld", "ToyWorld"]

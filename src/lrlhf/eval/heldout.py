@@ -4,8 +4,8 @@
 caller's random stream is untouched) and measures, on the same samples:
 
 - ``lengths``: the actions, up to and including the first EOS (``response_masks``);
-- ``proxy``: the reward model's score of prompt + response cut at the stop, calibrated when a calibration is
-  given (no penalty, no clip);
+- ``proxy``: the reward model's score of prompt + response cut at the stop (a program's may read the prompt
+  record's ``meta``: a reference answer), calibrated when a calibration is given (no penalty, no clip);
 - ``kl``: the per-sequence sum of k1 (``log pi - log pi_ref``) over the actions; 0 without a reference.
 
 A policy is anything with the hooks of :class:`HeldOutPolicy`: :class:`ModelPolicy` wraps plain models (a causal
@@ -15,6 +15,7 @@ hooks (sampling config, adapters, reward; the early-stopping callback).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import torch
@@ -45,8 +46,10 @@ class HeldOutPolicy(Protocol):
         """``(B, R)`` log-probs of the response tokens under the policy and under the reference, in that order;
         None without a reference (the KL is then 0)."""
 
-    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor | None:
-        """``(B,)`` raw proxy scores (before calibration); None without a reward (``proxy`` is then NaN)."""
+    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks,
+              meta: Sequence[Mapping] | None = None) -> Tensor | None:
+        """``(B,)`` raw proxy scores (before calibration); None without a reward (``proxy`` is then NaN). ``meta``:
+        each row's prompt record's ``meta``."""
 
 
 class HeldOutSamples(NamedTuple):
@@ -95,7 +98,7 @@ def sample_held_out(policy: HeldOutPolicy, prompts: list[PromptExample], n: int,
                 kls.append(torch.zeros(r.shape[0]))
             else:
                 kls.append(masked_sum(kl_k1(*both), masks.action_mask, dim=1).float().cpu())
-            raw = policy.score(q, qm, r, masks)
+            raw = policy.score(q, qm, r, masks, meta=[p.meta for p in records[start:start + batch_size]])
             calibration = policy.calibration
             if raw is None:  # a policy without a reward (an SFT model): NaN
                 proxies.append(torch.full((r.shape[0],), float("nan")))
@@ -142,7 +145,7 @@ class ModelPolicy:
         return (response_logprobs(self.model, q, qm, r, temperature),
                 response_logprobs(self.reference, q, qm, r, temperature))
 
-    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor | None:
+    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks, meta=None) -> Tensor | None:
         if self.reward_model is None:
             return None
         return self.reward_model.score(torch.cat([q, r], 1), torch.cat([qm, masks.action_mask.to(qm.dtype)], 1))
@@ -181,8 +184,11 @@ class ModuleHooks:
         logprobs, _ = self.module.policy_forward(q, qm, r)
         return logprobs, self.module.reference_logprobs(q, qm, r)
 
-    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor:
-        return self.module.score(q, qm, r, masks)
+    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks, meta=None) -> Tensor:
+        reward_scores = getattr(self.module, "reward_scores", None)  # PPOModule: the reward given the records
+        if reward_scores is None:
+            return self.module.score(q, qm, r, masks)
+        return reward_scores(q, qm, r, masks, meta).scores
 
 
 class ImplicitRewardPolicy(ModelPolicy):
@@ -200,7 +206,7 @@ class ImplicitRewardPolicy(ModelPolicy):
         self._last = (r, both) if self.sampling.temperature == 1.0 else None
         return both
 
-    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks) -> Tensor:
+    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks, meta=None) -> Tensor:
         if self._last is not None and self._last[0] is r:  # the KL's forwards were at temperature 1: reuse them
             logprobs, reference = self._last[1]
         else:

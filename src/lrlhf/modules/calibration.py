@@ -10,14 +10,29 @@ the run, saved in its checkpoints (a resume keeps it) and reported in summary.js
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
+from torch import Tensor
 
+from lrlhf.functional import ResponseMasks
 from lrlhf.functional.masks import response_masks
 from lrlhf.models import reference_mode
 from lrlhf.models.reward import RewardCalibration
 from lrlhf.modules.rollout import row_chunks
+
+
+class ReferenceBatch(NamedTuple):
+    """One reference response per prompt, as a reward source scores them: ``query_ids``, ``query_mask`` ``(B, P)``
+    (left-padded), ``response_ids`` ``(B, R)``, their ``masks``, and each prompt record's ``meta`` (``B`` dicts)."""
+
+    query_ids: Tensor
+    query_mask: Tensor
+    response_ids: Tensor
+    masks: ResponseMasks
+    meta: Sequence[Mapping] | None = None
 
 
 @dataclass
@@ -35,9 +50,9 @@ class ReferenceSamples:
             raise ValueError(f"module.calibration.n_prompts must be >= 2 (a standard deviation), got {self.n_prompts}")
 
     @torch.no_grad()
-    def reference_batch(self, module, datamodule):
-        """``(query_ids, query_mask, response_ids, masks)``: one response per prompt of the first ``n_prompts``
-        training prompts, sampled from the reference with ``seed`` (the run's RNG untouched)."""
+    def reference_batch(self, module, datamodule) -> ReferenceBatch:
+        """One response per prompt of the first ``n_prompts`` training prompts, sampled from the reference with
+        ``seed`` (the run's RNG untouched)."""
         items = datamodule.datasets["train"][:self.n_prompts]
         batch = datamodule.collate(items)
         device = module.device
@@ -46,13 +61,13 @@ class ReferenceSamples:
             torch.manual_seed(self.seed)
             with reference_mode(module.model):  # the reference, also when the policy starts from a saved adapter
                 response_ids = module.sample(query_ids, query_mask).response_ids
-        return query_ids, query_mask, response_ids, response_masks(response_ids, module.eos_token_ids,
-                                                                   module.pad_token_id)
+        masks = response_masks(response_ids, module.eos_token_ids, module.pad_token_id)
+        return ReferenceBatch(query_ids, query_mask, response_ids, masks, batch["meta"])
 
     @torch.no_grad()
     def measure(self, module, datamodule) -> RewardCalibration:
         chunks = reference_chunks(self.reference_batch(module, datamodule), module.config.forward_batch_size)
-        scores = torch.cat([module.score(*chunk) for chunk in chunks]).double()
+        scores = torch.cat([module.reward_scores(*chunk[:4], meta=chunk.meta).scores for chunk in chunks]).double()
         std = scores.std().item()
         if not std > 0:
             raise ValueError(f"module.calibration: the reward (module.reward_model) gave every one of {len(scores)} "
@@ -63,12 +78,13 @@ class ReferenceSamples:
                                  reference=f"the reference policy's samples on {len(scores)} RL prompts")
 
 
-def reference_chunks(batch, size: int):
-    """The ``(query_ids, query_mask, response_ids, masks)`` of :meth:`ReferenceSamples.reference_batch` in chunks of
-    ``size`` rows (a scoring forward's batch)."""
-    query_ids, query_mask, response_ids, masks = batch
+def reference_chunks(batch: ReferenceBatch, size: int):
+    """The :class:`ReferenceBatch` of :meth:`ReferenceSamples.reference_batch` in chunks of ``size`` rows (a scoring
+    forward's batch)."""
+    query_ids, query_mask, response_ids, masks, meta = batch
     for rows in row_chunks(query_ids.shape[0], size):
-        yield query_ids[rows], query_mask[rows], response_ids[rows], type(masks)(*(m[rows] for m in masks))
+        yield ReferenceBatch(query_ids[rows], query_mask[rows], response_ids[rows],
+                             type(masks)(*(m[rows] for m in masks)), None if meta is None else meta[rows])
 
 
-__all__ = ["ReferenceSamples", "reference_chunks"]
+__all__ = ["ReferenceBatch", "ReferenceSamples", "reference_chunks"]

@@ -54,7 +54,7 @@ from lrlhf.modules.guards import PPOGuards, Precision
 from lrlhf.modules.ppo_config import MOVED_KEYS, PPOConfig, component_settings
 from lrlhf.modules.ppo_stage import PPOStage
 from lrlhf.modules.ppo_update import PPOUpdate
-from lrlhf.modules.rewards import RewardAdapter, RewardEnsemble, RewardScores, RewardSource, reward_source
+from lrlhf.modules.rewards import Meta, RewardAdapter, RewardEnsemble, RewardScores, RewardSource, reward_source
 from lrlhf.modules.rollout import Rollout, Sampled, check_finite, log_synced, rollout_stats, row_chunks, sequence_inputs
 from lrlhf.strategies import full_params_for_generation
 from lrlhf.utils.distributed import any_across_ranks, forward_is_collective, global_weighted_mean, seed_rank_stream
@@ -66,14 +66,13 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
 
     Args:
         policy: the SFT model: a :class:`ModelConfig` (loaded in :meth:`configure_model`) or a plain causal LM.
-        reward_model: a reward source (:mod:`lrlhf.modules.rewards`: ``build`` and ``score``; a
-            :class:`RewardAdapter`, the RM's LoRA adapter on the policy's base; a :class:`RewardEnsemble`, an
-            ensemble folder and its combination rule; a :class:`~lrlhf.modules.rewards.FunctionReward`), or a frozen
-            :class:`ScalarModel` or the folder of :meth:`RewardModule.export` (a
-            :class:`~lrlhf.modules.rewards.FrozenRewardModel`).
+        reward_model: a reward source (:mod:`lrlhf.modules.rewards`: ``build`` and ``score``; a :class:`RewardAdapter`,
+            the RM's LoRA adapter on the policy's base; a :class:`RewardEnsemble`, an ensemble folder and its rule; a
+            :class:`~lrlhf.modules.rewards.FunctionReward`), or a frozen :class:`ScalarModel` or the folder of
+            :meth:`RewardModule.export` (a :class:`~lrlhf.modules.rewards.FrozenRewardModel`).
         tokenizer: loaded from the ``ModelConfig`` when None. config: :class:`PPOConfig` or a dict of its fields.
-        calibration: frozen ``(r - mean) / std`` of the RM scores, or a path to it, or a
-            :class:`~lrlhf.modules.calibration.ReferenceSamples` measured before the first update; None = raw scores.
+        calibration: frozen ``(r - mean) / std`` of the RM scores, or a path to it, or a :class:`~lrlhf.modules
+            .calibration.ReferenceSamples` measured before the first update; None = raw scores.
         advantage: an :class:`~lrlhf.modules.advantages.AdvantageEstimator`; None = ``GAE()``.
         critic: a :class:`~lrlhf.modules.critic.Critic`; None = a ``ValueAdapter()`` if the estimator needs one.
         kl_controller: a :class:`~lrlhf.functional.KLController`; None = ``FixedKLController()`` (beta 0.05).
@@ -84,9 +83,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         off_policy: the sampler/trainer correction (``module/off_policy=truncated_is|masked_is``,
             :mod:`lrlhf.functional.off_policy`): the old log-probs are then the trainer's forward, and each token's
             policy loss is weighted by ``pi_old / mu`` bounded at a cap; None = off (the sampler's are the old ones).
-        overlong: what truncated responses get (``module/overlong=mask|soft_penalty``,
-            :class:`~lrlhf.functional.rewards.Overlong`); None = nothing (``module.config.missing_eos_penalty``
-            still applies).
+        overlong: what truncated responses get (``module/overlong=mask|soft_penalty``, :class:`~lrlhf.functional
+            .rewards.Overlong`); None = nothing (``module.config.missing_eos_penalty`` still applies).
         group_filter: DAPO's dynamic sampling for RLOO / GRPO (``module/group_filter=dynamic_sampling``,
             :class:`~lrlhf.modules.advantages.DynamicSampling`); None = every group is kept.
         init_adapter: a saved ``policy`` adapter (a PPO stage's ``export/adapter``) the policy starts from instead
@@ -295,21 +293,22 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         return self.sample(query_ids, query_mask).response_ids
 
     @torch.no_grad()
-    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks) -> Tensor:
-        """``(B,)`` raw scores of prompt + response cut at the stop, by the reward source (``self.reward``): a reward
-        model reads its score at the EOS, or the last token of a truncated response; a program scores the texts."""
+    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
+              meta: Meta = None) -> Tensor:
+        """``(B,)`` raw scores of prompt + response cut at the stop by the reward source (``self.reward``), given each
+        row's prompt record ``meta`` (None: not at hand); a reward model reads its score at the EOS (or last token)."""
         self.prepare_reward()
-        return self.reward.score(query_ids, query_mask, response_ids, masks).scores
+        return self.reward.score(query_ids, query_mask, response_ids, masks, meta=meta).scores
 
     @torch.no_grad()
-    def reward_scores(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
-                      masks: ResponseMasks) -> RewardScores:
+    def reward_scores(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
+                      meta: Meta = None) -> RewardScores:
         """:meth:`score` with the reward source's extras (``disagreement``: an ensemble's members' std per sample),
-        what the rollout and the held-out evaluation read. A subclass's :meth:`score` scores alone, no extras."""
+        what the rollout, the calibration and the held-out evaluation read. A subclass's :meth:`score` scores alone."""
         if type(self).score is not PPOModule.score:
             return RewardScores(self.score(query_ids, query_mask, response_ids, masks))
         self.prepare_reward()
-        return self.reward.score(query_ids, query_mask, response_ids, masks)
+        return self.reward.score(query_ids, query_mask, response_ids, masks, meta=meta)
 
     def prepare_reward(self) -> None:
         """A reward source that measures something on the reference's samples before its first score (a mixture's
@@ -372,9 +371,10 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
     def make_rollout(self, batch: dict) -> Rollout:
         """Steps 1-6: prompts -> a frozen :class:`Rollout`."""
         k = self.advantage.samples_per_prompt
-        # 1. prompts, each repeated k times (the k samples of a prompt are adjacent rows)
+        # 1. prompts, each repeated k times (the k samples of a prompt are adjacent rows), with their records' meta
         query_ids = batch["input_ids"].repeat_interleave(k, dim=0)  # (B, P)
         query_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
+        meta = [m for m in batch["meta"] for _ in range(k)] if "meta" in batch else None
         # 2. sample (exact ids kept; the sampling log-probs, and a shared trunk's values, with them)
         response_ids, sampled_logprobs, sampled_values = self.sample(query_ids, query_mask)  # (B, R) each
         sampler_logprobs = sampled_logprobs  # mu: what the tokens were drawn from
@@ -397,7 +397,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
             parts["ref_logprobs"].append(self.reference_logprobs(q, qm, r))
             values = self.value_forward(q, qm, r) if sampled_values is None else sampled_values[rows]
             parts["values"].append(values.float())
-            reward = self.reward_scores(q, qm, r, ResponseMasks(*(m[rows] for m in masks)))
+            reward = self.reward_scores(q, qm, r, ResponseMasks(*(m[rows] for m in masks)), meta and meta[rows])
             parts["raw_scores"].append(reward.scores)
             if reward.disagreement is not None:
                 spread.append(reward.disagreement)
@@ -479,17 +479,15 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         return self.critic is not None and self.rollouts_done < self.critic.warmup_rollouts
 
     def rollout_stats(self, rollout: Rollout) -> dict[str, float]:
-        """Per-rollout statistics (:func:`~lrlhf.modules.rollout.rollout_stats`); with an ensemble reward,
-        ``reward/ensemble_std``: the members' mean disagreement (std of their calibrated scores) on this rollout;
-        ``reward/<name>``: the mean of each named component of the reward (a rule's pass rate); with
-        an off-policy correction its ``offpolicy/*``; with an overlong rule ``rollout/policy_token_frac``."""
+        """Per-rollout statistics (:func:`~lrlhf.modules.rollout.rollout_stats`); ``reward/ensemble_std`` (an ensemble
+        reward's members' mean disagreement), ``reward/<name>`` (each named component of the reward's mean: a rule's
+        pass rate), an off-policy correction's ``offpolicy/*``, an overlong rule's ``rollout/policy_token_frac``."""
         stats = rollout_stats(rollout, self.kl_controller.value, with_values=self.critic is not None)
         stats.update(self.rollout_filter_stats)
         if self.off_policy is not None:  # how far the sampler is from the trainer, and what the correction did
             stats.update(self.off_policy.stats(rollout.logprobs, rollout.sampler_logprobs, rollout.action_mask))
         if type(self.overlong) is not Overlong:  # the share of tokens the policy loss learns from
-            kept = rollout.policy_mask.sum() / rollout.action_mask.sum().clamp(min=1)
-            stats["rollout/policy_token_frac"] = float(kept)
+            stats["rollout/policy_token_frac"] = float(rollout.policy_mask.sum() / rollout.action_mask.sum().clamp(1))
         if self.rollout_disagreement is not None:
             stats["reward/ensemble_std"] = float(self.rollout_disagreement.mean())
         for name, value in self.rollout_components.items():  # a rule's pass rate, a mixture source's mean

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from lrlhf.functional import ResponseMasks
 from lrlhf.modules.calibration import reference_chunks
-from lrlhf.modules.rewards import RewardScores, RewardSource, reward_source
+from lrlhf.modules.rewards import Meta, RewardScores, RewardSource, reward_source
 
 
 class Mixture(RewardSource):
@@ -52,18 +52,19 @@ class Mixture(RewardSource):
         modules = {name: m for name, s in self.sources.items() if (m := s.build(model, tokenizer)) is not None}
         return nn.ModuleDict(modules) if modules else None
 
-    def parts_scores(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
-                     masks: ResponseMasks) -> dict[str, RewardScores]:
-        return {name: s.score(query_ids, query_mask, response_ids, masks) for name, s in self.sources.items()}
+    def parts_scores(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
+                     meta: Meta = None) -> dict[str, RewardScores]:
+        return {name: s.score(query_ids, query_mask, response_ids, masks, meta=meta)
+                for name, s in self.sources.items()}
 
     @torch.no_grad()
-    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
-              masks: ResponseMasks) -> RewardScores:
+    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
+              meta: Meta = None) -> RewardScores:
         if self.calibrate is not None and self.stats is None:
             raise RuntimeError("module.reward_model: the mixture's scales are measured by prepare(module, datamodule) "
                                "before its first score (PPOModule does it)")
         total, components = None, {}
-        for name, scored in self.parts_scores(query_ids, query_mask, response_ids, masks).items():
+        for name, scored in self.parts_scores(query_ids, query_mask, response_ids, masks, meta).items():
             mean, std = self.stats[name] if self.stats is not None else (0.0, 1.0)
             term = self.weights[name] * (scored.scores.float() - mean) / std
             total = term if total is None else total + term
@@ -80,7 +81,7 @@ class Mixture(RewardSource):
         batch = self.calibrate.reference_batch(module, datamodule)
         chunks: dict[str, list[Tensor]] = {name: [] for name in self.sources}
         for chunk in reference_chunks(batch, module.config.forward_batch_size):
-            for name, scored in self.parts_scores(*chunk).items():
+            for name, scored in self.parts_scores(*chunk).items():  # (query_ids, ..., masks, meta)
                 chunks[name].append(scored.scores.double())
         self.stats = {}
         for name, values in chunks.items():

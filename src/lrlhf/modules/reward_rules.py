@@ -1,13 +1,17 @@
 """Rule rewards (``reward=rules``, issue #32): small programs, each with a name, that check a response's text.
 
-A rule's :meth:`Rule.check` gives 1.0 (holds) or 0.0 (violated) for one ``(prompt, response)`` pair. A
-:class:`RuleReward` scores a response by the weighted mean of its rules, and each rule's pass is a component of the
-reward (logged per rollout as ``reward/<rule name>``, its pass rate). A rule marked ``gate`` scores nothing itself:
-when it is violated the reward is ``floor`` whatever the rest (an unparseable answer gets no partial credit).
+A rule's :meth:`Rule.check` gives 1.0 (holds) or 0.0 (violated) for one ``(prompt, response)`` pair; a rule that
+reads the prompt record's fields (a reference answer) writes :meth:`Rule.check_record` instead, given the record's
+``meta`` too. A :class:`RuleReward` scores a response by the weighted mean of its rules, and each rule's pass is a
+component of the reward (logged per rollout as ``reward/<rule name>``, its pass rate). A rule marked ``gate`` scores
+nothing itself: when it is violated the reward is ``floor`` whatever the rest (an unparseable answer gets no partial
+credit).
 
 Shipped: :class:`JsonParses` (optionally with required keys), :class:`Regex` (must / must not match),
 :class:`Forbidden` (strings that must not appear), :class:`LengthWords` (a range of words), :class:`ToolCall` (a
-JSON tool call with the right name). Any object with ``name``, ``gate`` and ``check(prompt, response)`` is a rule.
+JSON tool call with the right name), :class:`MathAnswer` (the final answer equals the record's reference, by HF's
+math-verify). Any object with ``name``, ``gate`` and ``check(prompt, response)`` is a rule (a :class:`Rule` may write
+``check_record`` instead).
 Mixed with a reward model, a rule's scale must be calibrated first (:class:`lrlhf.modules.reward_mixture.Mixture`).
 """
 
@@ -15,10 +19,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lrlhf.modules.rewards import TextReward
+from lrlhf.data.math_answers import answer_matches, record_reference, require_math_verify
+from lrlhf.modules.rewards import Meta, TextReward
 
 
 class Rule:
@@ -30,6 +35,11 @@ class Rule:
     def check(self, prompt: str, response: str) -> float:
         """1.0 when the rule holds for ``response`` (to ``prompt``), else 0.0."""
         raise NotImplementedError
+
+    def check_record(self, prompt: str, response: str, meta: Mapping | None) -> float:
+        """:meth:`check` given the prompt record's ``meta`` too (None: not at hand); here the texts alone. A rule
+        that reads the record's fields overrides this."""
+        return self.check(prompt, response)
 
 
 def _json(text: str):
@@ -127,6 +137,44 @@ class ToolCall(Rule):
 
 
 @dataclass
+class MathAnswer(Rule):
+    """The response's final answer equals the prompt record's reference answer ``meta[key]`` (GSM8K's ``answer``
+    field: the text after its last line's ``####``; any other field: all of it), as HF's math-verify parses and
+    compares them (:mod:`lrlhf.data.math_answers`: ``$72$``, ``\\boxed{72}`` and ``72.0`` match ``#### 72``; a
+    response without a number does not). A record without the key raises, naming the rule, the key and the sample.
+    Needs ``pip install 'math-verify[antlr4_9_3]'`` (checked when the rule is built)."""
+
+    key: str = "answer"
+    name: str = "math_answer"
+    gate: bool = False
+
+    def __post_init__(self):
+        try:
+            require_math_verify()
+        except ImportError as err:
+            raise ImportError(f"reward rule {self.name!r}: {err}") from err
+
+    def check(self, prompt: str, response: str) -> float:
+        return self.check_record(prompt, response, None)
+
+    def check_record(self, prompt: str, response: str, meta: Mapping | None) -> float:
+        where = f"reward rule {self.name!r} (key {self.key!r}) on the response {response[:80]!r} to {prompt[-80:]!r}"
+        reference = record_reference(meta, self.key, where)
+        try:
+            return float(answer_matches(response, reference))
+        except ValueError as err:  # a reference math-verify cannot read: the data's fault, named with its sample
+            raise ValueError(f"{where}: {err}") from err
+
+
+def _check(rule, prompt: str, response: str, meta: Mapping | None) -> float:
+    """A rule's check with the prompt record (:meth:`Rule.check_record`), or the texts alone for a rule object that
+    has only ``check`` (not a :class:`Rule`)."""
+    if hasattr(rule, "check_record"):
+        return float(rule.check_record(prompt, response, meta))
+    return float(rule.check(prompt, response))
+
+
+@dataclass
 class RuleReward(TextReward):
     """The weighted mean of the non-gate rules' checks (1.0 when every rule is a gate); ``floor`` when a gate is
     violated. Components: each rule's check, by its name (names must differ).
@@ -155,8 +203,13 @@ class RuleReward(TextReward):
                              f"{list(self.weights)}")
 
     def score_texts(self, prompts, responses):
+        return self.score_records(prompts, responses, None)
+
+    def score_records(self, prompts, responses, meta: Meta):
         weights = list(self.weights) if self.weights is not None else [1.0] * len(self.rules)
-        checks = {r.name: [float(r.check(p, t)) for p, t in zip(prompts, responses, strict=True)] for r in self.rules}
+        records = [None] * len(responses) if meta is None else meta
+        checks = {r.name: [_check(r, p, t, m) for p, t, m in zip(prompts, responses, records, strict=True)]
+                  for r in self.rules}
         scored = [(r, w) for r, w in zip(self.rules, weights, strict=True) if not r.gate]
         total = sum(w for _, w in scored)
         scores = []
@@ -168,4 +221,4 @@ class RuleReward(TextReward):
         return scores, checks
 
 
-__all__ = ["Forbidden", "JsonParses", "LengthWords", "Regex", "Rule", "RuleReward", "ToolCall"]
+__all__ = ["Forbidden", "JsonParses", "LengthWords", "MathAnswer", "Regex", "Rule", "RuleReward", "ToolCall"]

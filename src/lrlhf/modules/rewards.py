@@ -7,9 +7,12 @@ A reward source is any object with two methods (:class:`RewardSource` says them;
   policy's adapters are on its base (``model``, the peft model that serves policy, reference and value): the source
   loads or attaches what it scores with and returns the frozen module the PPO module holds as ``reward_model`` (its
   weights are the checkpoint's frozen ``reward_model`` part), or None for a program;
-- ``score(query_ids, query_mask, response_ids, masks) -> RewardScores``: the ``(B,)`` raw scores of prompt +
-  response cut at the stop (before any calibration), and the extras the source has: ``disagreement``, an
-  ensemble's per-sample std of its members' calibrated scores (None for a single model or a program).
+- ``score(query_ids, query_mask, response_ids, masks, meta=None) -> RewardScores``: the ``(B,)`` raw scores of
+  prompt + response cut at the stop (before any calibration), and the extras the source has: ``disagreement``, an
+  ensemble's per-sample std of its members' calibrated scores (None for a single model or a program). ``meta`` is
+  each row's prompt record's ``meta`` (the fields of its file beyond the prompt: a GSM8K problem's ``answer``; a
+  prompt's k samples share it), passed by every caller that has the records and None where none are at hand; a
+  source that ignores it only accepts it.
 
 The shipped sources: :class:`FrozenRewardModel` (a reward-model folder, or a :class:`~lrlhf.models.ScalarModel`;
 ``module.reward_model`` given as a path or a model is read as one), :class:`RewardAdapter` (the RM's ``reward``
@@ -17,13 +20,15 @@ adapter on the policy's own base), :class:`RewardEnsemble` (an ensemble folder a
 :class:`FunctionReward` (a program on the decoded texts: ``reward=gold`` is the toy world's verifier,
 :func:`lrlhf.data.toy.verifiable_reward`, the exact reward under which PPO's optimiser is measured alone). Any
 ``fn(prompt, response) -> float`` works: ``module.reward_model={_target_: lrlhf.modules.rewards.FunctionReward, fn:
-{_target_: hydra.utils.get_method, path: my_pkg.my_reward}}``.
+{_target_: hydra.utils.get_method, path: my_pkg.my_reward}}``. A program that reads the prompt record's fields (a
+reference answer) overrides :meth:`TextReward.score_records` (rules: :meth:`lrlhf.modules.reward_rules.Rule
+.check_record`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -35,6 +40,9 @@ from lrlhf.functional import ResponseMasks
 from lrlhf.models.ensemble import RewardEnsembleModel, load_reward_ensemble
 from lrlhf.models.reward import attach_reward_adapter, load_reward_model
 from lrlhf.utils.errors import InvariantError
+
+#: what ``score`` is given for ``B`` rows: each row's prompt record's ``meta``, or None where no records are at hand
+Meta = Sequence[Mapping] | None
 
 
 class RewardScores(NamedTuple):
@@ -61,9 +69,10 @@ class RewardSource:
         module to hold as ``reward_model``, or None."""
         raise NotImplementedError
 
-    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
-              masks: ResponseMasks) -> RewardScores:
-        """:class:`RewardScores` of prompts ``(B, P)`` (left-padded) + responses ``(B, R)`` cut at the stop."""
+    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
+              meta: Meta = None) -> RewardScores:
+        """:class:`RewardScores` of prompts ``(B, P)`` (left-padded) + responses ``(B, R)`` cut at the stop;
+        ``meta``: the ``B`` prompt records' ``meta`` (None: not at hand)."""
         raise NotImplementedError
 
 
@@ -85,8 +94,8 @@ class _ModelSource(RewardSource):
 
     scorer: nn.Module | None = None
 
-    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
-              masks: ResponseMasks) -> RewardScores:
+    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
+              meta: Meta = None) -> RewardScores:
         if self.scorer is None:
             raise RuntimeError(f"{type(self).__name__}: call build(model, tokenizer) before scoring")
         return model_scores(self.scorer, query_ids, query_mask, response_ids, masks)
@@ -140,7 +149,8 @@ class RewardEnsemble(_ModelSource):
 class TextReward(RewardSource):
     """A reward computed from the decoded texts (a program, rules, a judge's prompt): :meth:`build` keeps the
     tokenizer, :meth:`texts` decodes a batch (the prompt from its attended ids, the response from its valid actions,
-    cut at the stop, EOS dropped, both without special tokens); subclasses write :meth:`score_texts`."""
+    cut at the stop, EOS dropped, both without special tokens); subclasses write :meth:`score_texts`, or
+    :meth:`score_records` when they read the prompt records' fields too."""
 
     name: str = "text"
     tokenizer: object = None
@@ -164,13 +174,21 @@ class TextReward(RewardSource):
         """``(scores, components)`` of the decoded pairs."""
         raise NotImplementedError
 
+    def score_records(self, prompts: list[str], responses: list[str],
+                      meta: Meta) -> tuple[list[float], dict[str, list[float]]]:
+        """``(scores, components)`` of the decoded pairs given their prompt records' ``meta`` (None: not at hand);
+        here the texts alone (:meth:`score_texts`). A reward that reads a record's fields overrides this."""
+        return self.score_texts(prompts, responses)
+
     @torch.no_grad()
-    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
-              masks: ResponseMasks) -> RewardScores:
+    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
+              meta: Meta = None) -> RewardScores:
         if self.tokenizer is None:
             raise RuntimeError(f"reward {self.name!r}: call build(model, tokenizer) before scoring")
         prompts, responses = self.texts(query_ids, query_mask, response_ids, masks)
-        scores, components = self.score_texts(prompts, responses)
+        if meta is not None and len(meta) != len(prompts):
+            raise ValueError(f"reward {self.name!r}: {len(meta)} prompt records for {len(prompts)} responses")
+        scores, components = self.score_records(prompts, responses, meta)
         for prompt, response, score in zip(prompts, responses, scores, strict=True):
             if not math.isfinite(score):
                 raise InvariantError(f"reward {self.name!r} returned {score} for the response {response[:80]!r} "
@@ -207,5 +225,5 @@ def reward_source(reward_model) -> RewardSource:
                     f"score, lrlhf.modules.rewards), got {type(reward_model).__name__}")
 
 
-__all__ = ["FrozenRewardModel", "FunctionReward", "RewardAdapter", "RewardEnsemble", "RewardScores", "RewardSource",
-           "TextReward", "model_scores", "reward_source"]
+__all__ = ["FrozenRewardModel", "FunctionReward", "Meta", "RewardAdapter", "RewardEnsemble", "RewardScores",
+           "RewardSource", "TextReward", "model_scores", "reward_source"]
