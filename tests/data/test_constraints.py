@@ -1,0 +1,108 @@
+"""IFEval-style constraints (lrlhf.data.constraints): each kind's check on hand-written responses (one that meets
+it, ones that do not, the edge a careless check gets wrong), the instruction wording, the world's files (every
+prompt carries its constraint, the splits disjoint, the draw seeded), the rule reading the record, bad input."""
+
+import json
+import random
+
+import pytest
+
+from lrlhf.data.constraints import KINDS, ConstraintsWorld, attach, constraint_judge, draw, instruction, satisfied
+
+CASES = [  # (constraint, response, met)
+    ({"kind": "lowercase"}, "all small letters here, 42 too.", True),
+    ({"kind": "lowercase"}, "One capital.", False),
+    ({"kind": "lowercase"}, "123 !!", False),  # no letters at all: not a lowercase English response
+    ({"kind": "no_commas"}, "No commas in this one.", True),
+    ({"kind": "no_commas"}, "One, comma.", False),
+    ({"kind": "no_commas"}, "   ", False),  # empty
+    ({"kind": "keyword", "word": "simple"}, "It is Simple enough.", True),
+    ({"kind": "keyword", "word": "simple"}, "Simplest of all.", False),  # a whole word only
+    ({"kind": "max_words", "n": 3}, "one two three", True),
+    ({"kind": "max_words", "n": 3}, "one two three four", False),
+    ({"kind": "max_words", "n": 3}, "", False),
+    ({"kind": "end_phrase", "phrase": "That is all."}, "Done. That is all.  \n", True),
+    ({"kind": "end_phrase", "phrase": "That is all."}, "That is all. More.", False),
+    ({"kind": "quotation"}, '"wrapped"', True),
+    ({"kind": "quotation"}, '"not wrapped', False),
+    ({"kind": "quotation"}, '"', False),  # one mark is not a wrap
+    ({"kind": "bullets", "n": 2}, "Intro\n* one\n- two\n", True),
+    ({"kind": "bullets", "n": 2}, "* one\n* two\n* three", False),
+    ({"kind": "bullets", "n": 2}, "* one *two*", False),
+    ({"kind": "json"}, '{"a": 1}', True),
+    ({"kind": "json"}, '```json\n{"a": [1, 2]}\n```', True),
+    ({"kind": "json"}, "{'a': 1}", False),
+]
+
+
+@pytest.mark.parametrize(("constraint", "response", "met"), CASES)
+def test_each_kind_by_hand(constraint, response, met):
+    assert satisfied(constraint, response) is met
+
+
+def test_every_kind_has_cases_and_an_instruction():
+    assert {c["kind"] for c, _, _ in CASES} == set(KINDS)
+    for kind in KINDS:
+        constraint = draw(random.Random(0), (kind,))
+        assert constraint["kind"] == kind and instruction(constraint)
+        assert attach("Say hi.", constraint) == f"Say hi.\n\n{instruction(constraint)}"
+    with pytest.raises(ValueError, match="unknown constraint kind 'shout'"):
+        satisfied({"kind": "shout"}, "HI")
+
+
+def test_the_judge_reads_the_record_and_names_a_record_without_one():
+    assert constraint_judge({"constraint": {"kind": "no_commas"}}, "fine") == 1.0
+    with pytest.raises(ValueError, match="has no constraint"):
+        constraint_judge({"answer": "#### 3"}, "fine")
+
+
+def test_the_rule_reads_the_prompt_record():
+    from lrlhf.modules.reward_constraints import InstructionConstraint
+    from lrlhf.modules.reward_rules import RuleReward
+
+    reward = RuleReward(rules=[InstructionConstraint()])
+    meta = [{"constraint": {"kind": "lowercase"}}, {"constraint": {"kind": "max_words", "n": 2}}]
+    scores, components = reward.score_records(["p", "q"], ["all lower", "three words here"], meta)
+    assert scores == [1.0, 0.0] and components == {"constraint": [1.0, 0.0]}
+    with pytest.raises(ValueError, match="reward rule 'constraint' on the response 'x'"):
+        reward.score_records(["p"], ["x"], None)
+
+
+def _write_sources(tmp_path, n=40):
+    alpaca = tmp_path / "alpaca.json"
+    alpaca.write_text(json.dumps([{"instruction": f"Task {i}.", "input": "" if i % 4 else "with input",
+                                   "output": f"Answer {i}."} for i in range(n)]))
+    seed = tmp_path / "seed.jsonl"
+    seed.write_text("".join(json.dumps({"instruction": f"Seed {i}.", "instances": [{"input": "", "output": "o"}]})
+                            + "\n" for i in range(n // 2)))
+    return alpaca, seed
+
+
+def test_the_world_writes_each_prompt_with_its_constraint(tmp_path):
+    alpaca, seed = _write_sources(tmp_path)
+    world = ConstraintsWorld(alpaca=str(alpaca), self_instruct=str(seed), val_prompts=4, eval_share=0.25)
+    world.check()
+    world.build(tmp_path / "w")
+    files = {name: [json.loads(x) for x in (tmp_path / "w" / f"{name}.jsonl").read_text().splitlines()]
+             for name in ConstraintsWorld.FILES}
+    assert {k: len(v) for k, v in files.items()} == {"sft_train": 34, "sft_val": 4, "rl_prompts": 34,
+                                                     "eval_prompts": 12}  # 30 alpaca without input + 20 seed tasks
+    prompts = {name: [(r.get("prompt") or r.get("messages"))[0]["content"] for r in rows]
+               for name, rows in files.items()}
+    assert not set(prompts["rl_prompts"]) & set(prompts["eval_prompts"])
+    assert not set(prompts["sft_val"]) & (set(prompts["rl_prompts"]) | set(prompts["eval_prompts"]))
+    for row in files["rl_prompts"] + files["eval_prompts"]:
+        assert row["prompt"][0]["content"].endswith(instruction(row["constraint"]))
+    again = ConstraintsWorld(alpaca=str(alpaca), self_instruct=str(seed), val_prompts=4, eval_share=0.25)
+    again.build(tmp_path / "w2")
+    assert (tmp_path / "w2" / "eval_prompts.jsonl").read_text() == (tmp_path / "w" / "eval_prompts.jsonl").read_text()
+    assert world.key() == again.key() != ConstraintsWorld(alpaca=str(alpaca), self_instruct=str(seed), seed=1).key()
+
+
+def test_bad_world_settings_name_the_key(tmp_path):
+    with pytest.raises(ValueError, match="world.kinds"):
+        ConstraintsWorld(alpaca="x", kinds=("shout",))
+    with pytest.raises(ValueError, match="both null"):
+        ConstraintsWorld()
+    with pytest.raises(FileNotFoundError, match="world.alpaca='missing.json'"):
+        ConstraintsWorld(alpaca="missing.json").check()
