@@ -24,9 +24,11 @@ from __future__ import annotations
 import json
 import random
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from lrlhf.data.worlds import PromptWorld
 
 KEYWORDS = ("simple", "example", "important", "because", "people", "today", "good", "time")
 PHRASES = ("Hope this helps.", "That is all.", "Any other questions?")
@@ -126,7 +128,7 @@ __all__ = ["KINDS", "attach", "constraint_judge", "constraint_of", "draw", "inst
 
 # ------------------------------------------------------------------------------------------ the world
 @dataclass
-class ConstraintsWorld:
+class ConstraintsWorld(PromptWorld):
     """Real prompts with one verifiable constraint each (``world=constraints``; ``recipe=grpo_constraints``).
 
     The prompts: ``alpaca`` (LLaMA-Factory's alpaca sample, a JSON list ``{instruction, input, output}``: the
@@ -150,9 +152,7 @@ class ConstraintsWorld:
     judge: str = "lrlhf.data.constraints:constraint_judge"
     name: str = "constraints"
 
-    has_gold = False
-    has_model = False
-    FILES = ("sft_train", "sft_val", "rl_prompts", "eval_prompts")
+    SOURCES = ("alpaca", "self_instruct")
 
     def __post_init__(self):
         self.kinds = tuple(self.kinds)
@@ -163,23 +163,7 @@ class ConstraintsWorld:
             raise ValueError(f"world.eval_share must be in (0, 1), got {self.eval_share}")
         if self.alpaca is None and self.self_instruct is None:
             raise ValueError("world.alpaca and world.self_instruct are both null: give at least one prompt source")
-        bad = {k: v for k, v in self.limits.items() if k not in self.FILES
-               or (v is not None and (not isinstance(v, int) or v < 1))}
-        if bad:
-            raise ValueError(f"world.limits: {bad}: a limit is a file of {list(self.FILES)} and a count >= 1 (or null)")
-
-    def key(self) -> str:
-        from lrlhf.data.worlds import _digest, _file_identity
-
-        content = {k: v for k, v in asdict(self).items() if k != "judge"}
-        content["files"] = [_file_identity(p) for p in (self.alpaca, self.self_instruct)]
-        return f"{self.name}-{_digest(content)}"
-
-    def check(self) -> None:
-        for key in ("alpaca", "self_instruct"):
-            value = getattr(self, key)
-            if value is not None and not Path(value).expanduser().is_file():
-                raise FileNotFoundError(f"world.{key}={value!r}: no such file ({Path(value).expanduser().resolve()})")
+        self._check_limits()
 
     def describe(self) -> str:
         return f"the {self.name} world: prompts of {self.alpaca} and {self.self_instruct} with IFEval-style constraints"
@@ -201,7 +185,6 @@ class ConstraintsWorld:
         return [(p, a) for p, a in out if p.strip() and not (p in seen or seen.add(p))]
 
     def build(self, out: Path) -> None:
-        from lrlhf.data.formats import write_jsonl
         from lrlhf.data.records import PromptExample, SFTExample
 
         sources = self._sources()
@@ -226,15 +209,8 @@ class ConstraintsWorld:
         evals, val, rl = order[:n_eval], order[n_eval:n_eval + self.val_prompts], order[n_eval + self.val_prompts:]
         files = {"rl_prompts": [prompt(i) for i in rl], "sft_train": [demonstration(i) for i in rl],
                  "sft_val": [demonstration(i) for i in val], "eval_prompts": [prompt(i) for i in evals]}
-        files = {name: rows if self.limits.get(name) is None else rows[:self.limits[name]]
-                 for name, rows in files.items()}
-        out.mkdir(parents=True, exist_ok=True)
-        for name, rows in files.items():
-            write_jsonl(rows, out / f"{name}.jsonl")
         kinds = {k: sum(constraints[i]["kind"] == k for i in evals) for k in self.kinds}
-        report = {"world": self.name, "config": asdict(self), "prompts": len(sources),
-                  "files": {name: len(rows) for name, rows in files.items()}, "eval_kinds": kinds}
-        (out / "world.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+        self._write(out, files, prompts=len(sources), eval_kinds=kinds)
 
 
 __all__ += ["ConstraintsWorld"]

@@ -241,8 +241,51 @@ def _demonstrations(records: list) -> list[SFTExample]:
     return out
 
 
+class PromptWorld:
+    """What the worlds of prompts with a checkable record and no preferences share (:class:`GSM8KWorld`,
+    :class:`lrlhf.data.constraints.ConstraintsWorld`): four files, ``limits`` on them, a key over the config and the
+    source files (``SOURCES``: the fields naming them), the sources checked before anything is built, and the files
+    written with ``world.json``. A subclass is a dataclass with ``limits``, ``name`` and ``judge`` fields."""
+
+    has_gold = False
+    has_model = False
+    FILES = ("sft_train", "sft_val", "rl_prompts", "eval_prompts")
+    SOURCES: tuple[str, ...] = ()
+
+    def _check_limits(self) -> None:
+        bad = {k: v for k, v in self.limits.items() if k not in self.FILES
+               or (v is not None and (not isinstance(v, int) or v < 1))}
+        if bad:
+            raise ValueError(f"world.limits: {bad}: a limit is a file of {list(self.FILES)} and a count >= 1 (or null)")
+
+    def key(self) -> str:
+        content = {k: v for k, v in asdict(self).items() if k != "judge"}
+        content["files"] = [_file_identity(getattr(self, k)) for k in self.SOURCES]
+        return f"{self.name}-{_digest(content)}"
+
+    def check(self) -> None:
+        """Every source file given exists (a bad path fails before anything is built, naming the key)."""
+        for key in self.SOURCES:
+            value = getattr(self, key)
+            if value is not None and not Path(value).expanduser().is_file():
+                raise FileNotFoundError(f"world.{key}={value!r}: no such file ({Path(value).expanduser().resolve()})")
+
+    def _write(self, out: Path, files: dict[str, list], **report: Any) -> None:
+        """The files (each cut to its limit) and ``world.json`` with ``report``'s figures."""
+        from lrlhf.data.formats import write_jsonl
+
+        files = {name: rows if self.limits.get(name) is None else rows[:self.limits[name]]
+                 for name, rows in files.items()}
+        out.mkdir(parents=True, exist_ok=True)
+        for name, rows in files.items():
+            write_jsonl(rows, out / f"{name}.jsonl")
+        report = {"world": self.name, "config": asdict(self), **report,
+                  "files": {name: len(rows) for name, rows in files.items()}}
+        (out / "world.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+
+
 @dataclass
-class GSM8KWorld:
+class GSM8KWorld(PromptWorld):
     """GSM8K (grade-school math word problems, ``{"question", "answer"}`` JSON lines, plain or gzip; the answer a
     worked solution whose last line is ``#### <number>``) as a world for a verifiable reward: every prompt record
     carries its problem's ``answer`` field in ``meta`` (``reward=math`` and the judge read the reference there,
@@ -264,38 +307,19 @@ class GSM8KWorld:
     judge: str = "lrlhf.data.math_answers:math_answer_judge"
     name: str = "gsm8k"
 
-    has_gold = False
-    has_model = False
-    FILES = ("sft_train", "sft_val", "rl_prompts", "eval_prompts")
+    SOURCES = ("train", "test")
 
     def __post_init__(self):
         if "{question}" not in self.template:
             raise ValueError(f"world.template must hold {{question}}, got {self.template!r}")
         if self.val_problems < 1:
             raise ValueError(f"world.val_problems must be >= 1 (early stopping's prompts), got {self.val_problems}")
-        bad = {k: v for k, v in self.limits.items() if k not in self.FILES
-               or (v is not None and (not isinstance(v, int) or v < 1))}
-        if bad:
-            raise ValueError(f"world.limits: {bad}: a limit is a file of {list(self.FILES)} and a count >= 1 (or null)")
-
-    def key(self) -> str:
-        content = {k: v for k, v in asdict(self).items() if k != "judge"}
-        content["files"] = [_file_identity(p) for p in (self.train, self.test)]
-        return f"{self.name}-{_digest(content)}"
-
-    def check(self) -> None:
-        """Both files exist (a bad path fails before anything is built, naming the key)."""
-        for key in ("train", "test"):
-            path = Path(getattr(self, key)).expanduser()
-            if not path.is_file():
-                raise FileNotFoundError(f"world.{key}={getattr(self, key)!r}: no such file ({path.resolve()})")
+        self._check_limits()
 
     def describe(self) -> str:
         return f"the {self.name} world from {self.train} and {self.test}"
 
     def build(self, out: Path) -> None:
-        from lrlhf.data.formats import write_jsonl
-
         train, test = _problems(self.train), _problems(self.test)
         if len(train) <= self.val_problems:
             raise ValueError(f"world.train={self.train!r} has {len(train)} problems: more than world.val_problems="
@@ -307,14 +331,7 @@ class GSM8KWorld:
                  "sft_train": [self._demonstration(train[i]) for i in rest],
                  "sft_val": [self._demonstration(train[i]) for i in held],
                  "eval_prompts": [self._prompt(problem) for problem in test]}
-        files = {name: rows if self.limits.get(name) is None else rows[:self.limits[name]]
-                 for name, rows in files.items()}
-        out.mkdir(parents=True, exist_ok=True)
-        for name, rows in files.items():
-            write_jsonl(rows, out / f"{name}.jsonl")
-        report = {"world": self.name, "config": asdict(self), "sources": {"train": len(train), "test": len(test)},
-                  "files": {name: len(rows) for name, rows in files.items()}}
-        (out / "world.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+        self._write(out, files, sources={"train": len(train), "test": len(test)})
 
     def _prompt(self, problem: dict) -> PromptExample:
         return PromptExample([{"role": "user", "content": self.template.format(question=problem["question"])}],
@@ -347,4 +364,4 @@ def _problems(path: str) -> list[dict]:
     return rows
 
 
-__all__ = ["LAYOUT", "PREFERENCE_SPLITS", "FilesWorld", "GSM8KWorld", "ToyWorld"]
+__all__ = ["LAYOUT", "PREFERENCE_SPLITS", "FilesWorld", "GSM8KWorld", "PromptWorld", "ToyWorld"]
