@@ -476,13 +476,15 @@ def test_model_hf_without_a_gpu_gets_the_cpu_sizes_unless_hparams_is_chosen(monk
 
 @pytest.mark.parametrize("hparams", ["toy", "cpu", "smollm2", "hf"])
 @pytest.mark.parametrize(("reward", "cls"), [("gold", "FunctionReward"), ("rules", "RuleReward"),
-                                             ("mixture", "Mixture"), ("judge", "JudgeReward")])
+                                             ("mixture", "Mixture"), ("judge", "JudgeReward"),
+                                             ("judge_pairwise", "PairwiseJudgeReward"), ("constraints", "RuleReward"),
+                                             ("math", "RuleReward")])
 def test_every_reward_config_builds_its_own_node_at_every_scale(hparams, reward, cls):
     """#32: a reward=... node merged onto a scale's own reward node (hparams=smollm2's RewardAdapter dict) mixed their
     keys (RuleReward(path=...)); each reward config's node is its own at every scale."""
     from hydra.utils import instantiate
 
-    extra = ["module.reward_model.judge=/a/judge"] if reward == "judge" else []
+    extra = ["module.reward_model.judge=/a/judge"] if reward.startswith("judge") else []
     cfg = _compose(["recipe=grpo_lora", f"reward={reward}", f"hparams={hparams}", "paths.run_dir=.", *extra])
     source = instantiate(cfg.module.reward_model, _convert_="all")
     assert type(source).__name__ == cls

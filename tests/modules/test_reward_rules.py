@@ -169,3 +169,36 @@ def test_a_judge_model_is_loaded_frozen_and_its_answers_read(world, tokenizer): 
     if judge.parse(answers[0]) is None:
         with pytest.raises(Exception, match="none of the judge's 1 answers holds a score"):
             judge.score_texts(["3 1 2"], ["1 2 3"])
+
+
+def test_a_pairwise_judge_against_the_reference_asks_both_orders():
+    from lrlhf.modules.reward_judge import PairwiseJudgeReward
+
+    class Canned(PairwiseJudgeReward):  # the judge's answer is a function of the two answers as shown
+        def ask(self, questions):
+            return [self.rule(*q.split("|")) for q in questions]
+
+    def make(rule):
+        judge = Canned(judge="unused", template="{a}|{b}", reference_key="ref")
+        judge.rule = rule
+        return judge
+
+    meta = [{"ref": "REF"}] * 3
+    fair = make(lambda a, b: "A" if a == "good" else "B" if b == "good" else "Answer: A" if a == "REF" else "B")
+    scores, parts = fair.score_records(["p"] * 3, ["good", "bad", "also bad"], meta)
+    # good beats the reference in both orders (1); bad loses both (0); so does "also bad"
+    assert scores == [1.0, 0.0, 0.0] and parts["judge_pairwise_consistent"] == [1.0, 1.0, 1.0]
+    biased = make(lambda a, b: "A")  # always the first shown: one win, one loss for every response
+    scores, parts = biased.score_records(["p"] * 2, ["x", "y"], meta[:2])
+    assert scores == [0.5, 0.5] and parts["judge_pairwise_consistent"] == [0.0, 0.0]
+    # an unparsed verdict is counted and leaves the other; two unparsed get the batch's mean
+    shy = make(lambda a, b: {"x|REF": "A", "REF|x": "hmm", "y|REF": "B", "REF|y": "A", "z|REF": "?", "REF|z": "?"}
+               [f"{a}|{b}"])
+    scores, parts = shy.score_records(["p"] * 3, ["x", "y", "z"], [{"ref": "REF"}] * 3)
+    assert scores == [1.0, 0.0, pytest.approx(1 / 3)] and parts["judge_pairwise_unparsed"] == [0.5, 0.0, 1.0]
+    with pytest.raises(Exception, match="none of the judge's 2 verdicts names A or B"):
+        make(lambda a, b: "neither").score_records(["p"], ["x"], meta[:1])
+    with pytest.raises(ValueError, match="has no reference answer `ref`"):
+        fair.score_records(["p"], ["x"], [{"answer": "1"}])
+    with pytest.raises(ValueError, match="must hold {a} and {b}"):
+        Canned(judge="unused", template="{response}")
