@@ -86,6 +86,9 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
     assert cfg.stage in STAGES
     first_line = (ROOT / "recipes" / f"{recipe}.yaml").read_text().splitlines()[0]
     assert first_line == f"# python train.py recipe={recipe}"  # each recipe opens with its launch command
+    data = {"grpo_gsm8k": "gsm8k/train.jsonl.gz", "grpo_constraints": "llama-factory/alpaca_en_demo.json"}.get(recipe)
+    if data and not (ROOT.parent / "shared" / "data" / data).is_file():  # their worlds read ../shared/data in place
+        pytest.skip(f"../shared/data/{data} is absent (an outside clone): composed, not planned")
 
     compose_dep = _dep_composer(tmp_path)
     todo = planning.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
