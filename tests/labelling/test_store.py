@@ -51,6 +51,9 @@ def test_decisions_undo_and_the_labelled_file(tmp_path):
                                                      ("label", "2")]
     again = LabelStore(path)
     assert again.complete.is_set() and list(again.logs["ann"].decisions) == ["0", "1", "2"]
+    written = store.out.read_text()
+    store.out.unlink()  # killed after the last log line, before the labelled file: the logs write it again
+    assert LabelStore(path).complete.is_set() and store.out.read_text() == written
     # what FileExchange reads back: the labels by pair id
     pairs = [Pair(None, f"good {i}", f"bad {i}") for i in range(3)]
     assert read_labels(store.out, pairs) == [r["label"] for r in rows]

@@ -198,7 +198,7 @@ def test_a_pairwise_judge_against_the_reference_asks_both_orders():
     assert scores == [1.0, 0.0, pytest.approx(1 / 3)] and parts["judge_pairwise_unparsed"] == [0.5, 0.0, 1.0]
     with pytest.raises(Exception, match="none of the judge's 2 verdicts names A or B"):
         make(lambda a, b: "neither").score_records(["p"], ["x"], meta[:1])
-    with pytest.raises(ValueError, match="has no reference answer `ref`"):
+    with pytest.raises(ValueError, match="has no reference answer .ref."):
         fair.score_records(["p"], ["x"], [{"answer": "1"}])
     with pytest.raises(ValueError, match="must hold {a} and {b}"):
         Canned(judge="unused", template="{response}")

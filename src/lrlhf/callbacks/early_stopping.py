@@ -58,13 +58,10 @@ class DisagreementHooks(ModuleHooks):
         self.disagreement: list[torch.Tensor] = []
 
     def score(self, q, qm, r, masks, meta=None):
-        reward_scores = getattr(self.module, "reward_scores", None)  # PPOModule: the scores with their extras
-        if reward_scores is None:
-            return super().score(q, qm, r, masks, meta)
-        scored = reward_scores(q, qm, r, masks, meta)
-        if scored.disagreement is not None:
-            self.disagreement.append(scored.disagreement)
-        return scored.scores
+        scores, disagreement = self.reward(q, qm, r, masks, meta)
+        if disagreement is not None:
+            self.disagreement.append(disagreement)
+        return scores
 
 
 class HeldOutUtilityEarlyStopping(Callback):

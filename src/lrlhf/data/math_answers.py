@@ -69,16 +69,21 @@ def answer_matches(response: str, reference: str) -> bool:
     return bool(math_verify.verify(gold, answer, timeout_seconds=None))
 
 
-def record_reference(meta: Mapping | None, key: str, where: str) -> str:
-    """The reference answer of a prompt record whose ``meta`` holds ``key``; a ValueError naming ``where`` (the
-    reward or judge and the sample), the key and the fields the record has, when it does not."""
+def record_field(meta: Mapping | None, key: str, where: str) -> str:
+    """The text of a prompt record's reference field ``meta[key]``; a ValueError naming ``where`` (the reward or judge
+    and the sample), the key and the fields the record has, when it is missing or empty."""
     if meta is None:
         raise ValueError(f"{where}: no prompt records were given, and the reference answer is the record's {key!r} "
                          "field; score with the records' meta")
     if key not in meta or meta[key] is None or not str(meta[key]).strip():
         raise ValueError(f"{where}: the prompt record has no reference answer {key!r} (its fields: "
                          f"{sorted(meta) or 'none'}); give every prompt an {key!r} field, or set the key that holds it")
-    return reference_answer(meta[key])
+    return str(meta[key])
+
+
+def record_reference(meta: Mapping | None, key: str, where: str) -> str:
+    """The reference answer (:func:`reference_answer`) of the record's field ``key`` (:func:`record_field`)."""
+    return reference_answer(record_field(meta, key, where))
 
 
 def math_answer_judge(key: str = "answer"):
@@ -105,5 +110,5 @@ def _prompt_text(record) -> str:
     return str(prompt)[-80:]
 
 
-__all__ = ["INSTALL", "answer_matches", "math_answer_judge", "record_reference", "reference_answer",
+__all__ = ["INSTALL", "answer_matches", "math_answer_judge", "record_field", "record_reference", "reference_answer",
            "require_math_verify"]

@@ -184,11 +184,18 @@ class ModuleHooks:
         logprobs, _ = self.module.policy_forward(q, qm, r)
         return logprobs, self.module.reference_logprobs(q, qm, r)
 
-    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks, meta=None) -> Tensor:
-        reward_scores = getattr(self.module, "reward_scores", None)  # PPOModule: the reward given the records
+    def reward(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks,
+               meta=None) -> tuple[Tensor, Tensor | None]:
+        """``(scores, disagreement)``: ``PPOModule.reward_scores`` given the records (an ensemble's per-sample
+        disagreement with it), or a module's plain ``score`` (disagreement None)."""
+        reward_scores = getattr(self.module, "reward_scores", None)
         if reward_scores is None:
-            return self.module.score(q, qm, r, masks)
-        return reward_scores(q, qm, r, masks, meta).scores
+            return self.module.score(q, qm, r, masks), None
+        scored = reward_scores(q, qm, r, masks, meta)
+        return scored.scores, scored.disagreement
+
+    def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks, meta=None) -> Tensor:
+        return self.reward(q, qm, r, masks, meta)[0]
 
 
 class ImplicitRewardPolicy(ModelPolicy):

@@ -172,8 +172,7 @@ class LabelStore:
         self.logs: dict[str, AnnotatorLog] = {}
         for log in sorted(self.log_dir.glob("*.jsonl")) if self.log_dir.is_dir() else []:
             self.annotator(log.stem)
-        if self._labelled_enough():
-            self.complete.set()
+        self._write_labelled()  # the file the logs call for (a kill between a log line and the file lost it)
 
     # ------------------------------------------------------------------ per annotator
     def annotator(self, name: str) -> AnnotatorLog:

@@ -19,11 +19,11 @@ step). Any causal LM folder or hub id ``transformers`` loads works (``module.rew
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from torch import nn
 
+from lrlhf.data.math_answers import record_field
 from lrlhf.data.records import PromptExample
 from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
 from lrlhf.models.generation import SamplingConfig, generate_responses
@@ -119,14 +119,6 @@ class JudgeReward(TextReward):
         return scores, {f"{self.name}_unparsed": [float(p is None) for p in parsed]}
 
 
-def _reference(meta: Mapping | None, key: str, name: str, prompt: str) -> str:
-    value = (meta or {}).get(key)
-    if not isinstance(value, str) or not value.strip():
-        raise ValueError(f"reward {name!r}: the prompt record of {prompt[-80:]!r} has no reference answer "
-                         f"`{key}` (module.reward_model.reference_key): a world whose prompt records carry one")
-    return value
-
-
 @dataclass
 class PairwiseJudgeReward(JudgeReward):
     """A judge LM's preference between the response and the prompt record's reference answer (module docstring).
@@ -156,7 +148,8 @@ class PairwiseJudgeReward(JudgeReward):
 
     def score_records(self, prompts, responses, meta: Meta):
         records = [None] * len(responses) if meta is None else meta
-        refs = [_reference(m, self.reference_key, self.name, p) for p, m in zip(prompts, records, strict=True)]
+        refs = [record_field(m, self.reference_key, f"reward {self.name!r} (module.reward_model.reference_key) on "
+                             f"the prompt {p[-80:]!r}") for p, m in zip(prompts, records, strict=True)]
         first = self.ask([self.template.format(prompt=p, a=r, b=ref) for p, r, ref in zip(prompts, responses, refs,
                                                                                           strict=True)])
         second = self.ask([self.template.format(prompt=p, a=ref, b=r) for p, r, ref in zip(prompts, responses, refs,
