@@ -139,6 +139,7 @@ def test_bad_values_fail_before_any_work_naming_the_key(tmp_path):
     ("eval.baseline=nope", "eval.baseline must be one of eval.policies"),
     ("eval.bon.n=[0]", "eval.bon.n entries must be >= 1"),
     ("eval.judge=nonsense", "eval.judge must be toy_gold"),
+    ("reward=mixture", "eval.reward is a mixture whose scales a PPO run measures"),
 ])
 def test_bad_eval_values_fail_before_any_stage_is_built(override, message, tmp_path):
     cfg = _compose(["recipe=eval", f"paths.cache_dir={tmp_path}", "paths.run_dir=.", override])
@@ -460,6 +461,14 @@ def test_eval_recipe_tiny_writes_the_table_and_the_plots(tmp_path):
     pad = {r["transform"]: r for r in results["counterfactual"]["sft"]}["pad_filler"]
     assert pad["changed"] == 12 and "judge_delta" in pad  # 6 prompts x 2 samples, every one padded
     assert "## sft (12 samples)" in (run / "counterfactual.md").read_text()
+    # #32: any reward source is the proxy (reward=gold: the toy verifier); the same stages, reused, not rebuilt
+    run = tmp_path / "verifier"
+    out = _train(tmp_path, "recipe=eval", "reward=gold", "logger=csv", f"hydra.run.dir={run}", *_tiny("eval"))
+    assert "building the" not in out.stdout and "the proxy is the reward source FunctionReward" in out.stdout
+    again = {r["policy"]: r for r in csv.DictReader((run / "eval_table.csv").open())}
+    assert again["sft"]["gold"] == rows["sft"]["gold"]  # the same samples (seeded), judged by the same gold
+    for name, r in again.items():  # the verifier is gold computed from the texts: every row's proxy is its gold
+        assert float(r["proxy"]) == pytest.approx(float(r["gold"]), abs=1e-6), name  # (float32 scores)
 
 
 def test_model_hf_without_a_gpu_gets_the_cpu_sizes_unless_hparams_is_chosen(monkeypatch, capsys):

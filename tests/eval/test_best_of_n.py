@@ -13,9 +13,17 @@ from lrlhf.data.formats import load_records
 from lrlhf.data.records import PreferencePair, PromptExample
 from lrlhf.data.tokenize import encode_pair
 from lrlhf.data.toy import WorldSizes, build_world, gold_utility
-from lrlhf.eval.best_of_n import best_of_n, bon_kl, reward_model_scorer, select_best_of_n, toy_gold_judge
+from lrlhf.eval.best_of_n import (
+    best_of_n,
+    bon_kl,
+    reward_model_scorer,
+    select_best_of_n,
+    source_scorer,
+    toy_gold_judge,
+)
 from lrlhf.models import ScalarModel
 from lrlhf.models.generation import SamplingConfig
+from lrlhf.modules.rewards import TextReward
 
 
 def test_bon_kl_by_hand():
@@ -112,6 +120,29 @@ def test_reward_model_scorer_renders_like_rm_training(world, tokenizer, prompts)
     with torch.no_grad():
         expected = reward_model.score(batch["input_ids"], batch["attention_mask"])[:2]
     assert scores == pytest.approx(expected.tolist(), abs=1e-5)
+
+
+class _RecordReward(TextReward):
+    """A reward reading all three things a source is given: the prompt text, the response and the record's meta."""
+
+    name = "record"
+
+    def score_records(self, prompts, responses, meta):
+        scores = [1000.0 * (m["said"] in p) + 10.0 * m["k"] + len(r.split())
+                  for p, r, m in zip(prompts, responses, meta, strict=True)]
+        return scores, {}
+
+
+def test_source_scorer_scores_a_reward_source_as_ppo_does(tokenizer, prompts):
+    reward = _RecordReward()
+    reward.build(None, tokenizer)
+    records = [PromptExample(p.prompt, p.source, {**p.meta, "k": i, "said": p.prompt[-1]["content"]})
+               for i, p in enumerate(prompts[:3])]
+    responses = ["1 2 3", "fig", "7 7 7 7 7 7 7"]
+    scores = source_scorer(reward, tokenizer, batch_size=2)(records, responses)  # two batches: 2 + 1
+    assert scores == [1000.0 + 0 + 3, 1000.0 + 10 + 1, 1000.0 + 20 + 7]  # the prompt seen, its meta, the response
+    with pytest.raises(ValueError, match="3 prompts and 2 responses"):
+        source_scorer(reward, tokenizer)(records, responses[:2])
 
 
 def test_bon_expected_by_hand_and_against_every_subset():

@@ -16,6 +16,7 @@ from lrlhf.eval.best_of_n import bon_kl, toy_gold_judge
 from lrlhf.eval.harness import Samples, best_of_n_from_pool, policy_row, sample_policy
 from lrlhf.models import ScalarModel
 from lrlhf.models.generation import SamplingConfig
+from lrlhf.modules.rewards import FunctionReward
 
 U = 2.0**-24  # fp32 unit roundoff
 
@@ -119,3 +120,20 @@ def test_policy_row_without_gold_uses_the_judge():
     assert (row["win"], row["loss"]) == (0.5, 0.5)
     assert row["worst_group"] == "count" and row["worst_group_judge"] == pytest.approx(0.1)
     assert row["judge[sort]"] == pytest.approx(0.9)
+
+
+def test_sample_policy_with_a_reward_source_as_the_proxy(world):
+    tokenizer = AutoTokenizer.from_pretrained(world.tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(world.model)
+    prompts = load_records(str(world.eval_prompts), "prompt", verbose=False)[0]
+    reward = FunctionReward(fn=lambda prompt, response: 10.0 * ("items" in prompt) + len(response.split()))
+    reward.build(model, tokenizer)
+    sampling = SamplingConfig(max_new_tokens=12, temperature=1.0, seed=5)
+    out = sample_policy(model, tokenizer, prompts, 2, sampling, None, batch_size=4, reward=reward)
+    plain = sample_policy(model, tokenizer, prompts, 2, sampling, None, batch_size=4)
+    assert out.texts == plain.texts and all(math.isnan(v) for row in plain.proxy for v in row)  # no proxy: NaN
+    for p, prompt in enumerate(prompts):  # the source's raw score of each sample (the toy prompts ask "how many items")
+        asks = "items" in prompt.prompt[-1]["content"]
+        assert out.proxy[p] == [10.0 * asks + len(t.split()) for t in out.texts[p]]
+    with pytest.raises(ValueError, match="not both"):
+        sample_policy(model, tokenizer, prompts, 2, sampling, ScalarModel(model), reward=reward)

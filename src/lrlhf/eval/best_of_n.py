@@ -14,9 +14,10 @@ from typing import NamedTuple
 
 import torch
 
-from lrlhf.data.collate import collate_encoded
+from lrlhf.data.collate import collate_encoded, collate_prompts
 from lrlhf.data.records import PromptExample
-from lrlhf.data.tokenize import encode_chat
+from lrlhf.data.tokenize import encode_chat, encode_prompt
+from lrlhf.functional import response_masks
 from lrlhf.models.generation import SamplingConfig, as_prompt, generate_responses
 
 #: ``(prompts, responses) -> scores``: one float per (prompt, response), in order.
@@ -59,6 +60,39 @@ def reward_model_scorer(reward_model, tokenizer, max_length: int = 1024, batch_s
             batch = collate_encoded(encoded[start:start + batch_size], pad_id)
             out = reward_model.score(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (b,)
             scores += out.float().cpu().tolist()
+        return scores
+
+    return score
+
+
+def source_scorer(reward, tokenizer, max_length: int = 1024, batch_size: int = 64) -> Scorer:
+    """A :data:`Scorer` from a built reward source (the protocol of :mod:`lrlhf.modules.rewards`: ``score(query_ids,
+    query_mask, response_ids, masks, meta) -> RewardScores``; rules, a mixture, a judge, a reward model): each pair
+    is scored as PPO scores a sample, the prompt as the policy sees it (generation prompt, left truncation), the
+    response's tokens then an EOS, the prompt record's ``meta`` beside it (a rule may read its reference). The raw
+    scores (before any calibration)."""
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_id = tokenizer.eos_token_id
+
+    @torch.no_grad()
+    def score(prompts: Sequence[PromptExample], responses: Sequence[str]) -> list[float]:
+        if len(prompts) != len(responses):
+            raise ValueError(f"{len(prompts)} prompts and {len(responses)} responses; need one each")
+        scores: list[float] = []
+        for start in range(0, len(prompts), batch_size):
+            records = [as_prompt(p) for p in prompts[start:start + batch_size]]
+            encoded = [encode_prompt(tokenizer, p, max_length=max_length, truncation="left", special_text="keep")
+                       for p in records]
+            queries = collate_prompts(encoded, pad_id)  # (b, P), left-padded
+            rows = [tokenizer(r, add_special_tokens=False)["input_ids"] + [eos_id]
+                    for r in responses[start:start + batch_size]]
+            response_ids = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
+            for i, row in enumerate(rows):
+                response_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+            masks = response_masks(response_ids, eos_id, pad_id)
+            out = reward.score(queries["input_ids"], queries["attention_mask"], response_ids, masks,
+                               meta=[p.meta for p in records])
+            scores += out.scores.float().cpu().tolist()
         return scores
 
     return score

@@ -1,11 +1,12 @@
 """The multi-policy evaluation behind ``python train.py recipe=eval`` (see docs/evaluation.md).
 
 On one held-out prompt set and one sampling config (same seed for every policy), for every policy (a merged
-model folder) and for Best-of-N under the proxy reward model (sampled from the reference policy), report:
+model folder) and for Best-of-N under the proxy (sampled from the reference policy), report:
 
 - gold utility (toy world) and the configured judge's score (any pointwise ``judge(prompt, response) -> float``
   or a pairwise judge, see :mod:`lrlhf.eval.judges`), with a prompt bootstrap interval;
-- the proxy reward model's score (calibrated as in PPO's rewards);
+- the proxy's score: a reward model's (calibrated as in PPO's rewards), or a reward source's raw score
+  (``eval.reward``: rules, a mixture, a judge, as ``reward=...`` gives PPO; Best-of-N then picks by it);
 - KL to the reference: the per-sequence sum of ``log pi - log pi_ref`` over the sampled tokens (k1, an unbiased
   estimate of KL(pi || pi_ref)) and per token (that sum over all sequences / all their tokens); for Best-of-N the
   analytic ``log N - (N - 1) / N`` per sequence (:func:`bon_kl`), per token divided by the picks' mean length;
@@ -76,7 +77,7 @@ def _mean(values) -> float:
 # ---------------------------------------------------------------------------------------------- sampling
 def sample_policy(model, tokenizer, prompts: Sequence[PromptExample], n: int, sampling: SamplingConfig,
                   reward_model, calibration=None, reference=None, batch_size: int = 256,
-                  max_prompt_length: int = 1024, name: str = "policy") -> Samples:
+                  max_prompt_length: int = 1024, name: str = "policy", reward=None) -> Samples:
     """Sample ``n`` responses per prompt (adjacent rows, plain temperature sampling, deterministic from
     ``sampling.seed`` in a forked RNG) and measure each: length (actions up to and including the first EOS),
     the proxy score of prompt + response cut at the stop (as PPO scores it), and, with ``reference``, the
@@ -84,7 +85,8 @@ def sample_policy(model, tokenizer, prompts: Sequence[PromptExample], n: int, sa
     :func:`lrlhf.eval.heldout.sample_held_out`, with every model in eval mode (restored afterwards)."""
     if sampling.temperature <= 0:
         raise ValueError("eval.temperature must be > 0: KL and Best-of-N need sampled responses")
-    policy = ModelPolicy(model, tokenizer, reward_model, sampling, reference=reference, calibration=calibration)
+    policy = ModelPolicy(model, tokenizer, reward_model, sampling, reference=reference, calibration=calibration,
+                         reward=reward)
     models = [m for m in (model, reference, reward_model) if m is not None]
     modes = [m.training for m in models]
     for m in models:
@@ -226,8 +228,12 @@ class EvalSettings:
     policies: dict[str, str]
     baseline: str
     reference: str
-    reward_model: str
+    reward_model: str | None = None
     calibration: str | None = None
+    reward: object = None
+    """The proxy as a reward source (rules, a mixture, a judge: ``reward=...`` sets it from ``module.reward_model``),
+    built here on the reference and its tokenizer; when given, ``reward_model`` and ``calibration`` are not read and
+    its raw scores are the proxy."""
     judge: object = "toy_gold"
     max_prompts: int | None = None
     subgroup_key: str = "task.kind"
@@ -269,6 +275,13 @@ def check_eval_config(ev: EvalSettings) -> None:
          "needs eval.bon.curve_max > 0 (the curves' largest N)"),
         ("bon.policy", not (bon.n or bon.curve_max) or bon.policy in policies,
          f"must be one of eval.policies {sorted(policies)}"),
+        ("reward_model", ev.reward_model is not None or ev.reward is not None,
+         "is null and so is eval.reward: give the proxy, a reward-model folder or a reward source (reward=...)"),
+        ("reward", ev.reward is None or callable(getattr(ev.reward, "score", None)),
+         "must be a reward source (an object with build() and score(); lrlhf.modules.rewards)"),
+        ("reward", not getattr(ev.reward, "needs_preparation", False),
+         "is a mixture whose scales a PPO run measures on its reference samples (calibrate): recipe=eval has none; "
+         "mix raw scores here (module.reward_model.calibrate=null) or evaluate with the reward model"),
         ("judge", callable(ev.judge) or ev.judge == "toy_gold"
          or str(ev.judge).startswith("rm:") or ":" in str(ev.judge),
          "must be toy_gold, rm:<reward model folder> or <module>:<callable>"),
@@ -307,10 +320,15 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
     has_gold = all("task" in p.meta for p in prompts)
     tokenizer = load_tokenizer(ModelConfig(str(ev.reference)))
     reference = load_causal_lm(ModelConfig(str(ev.reference)))
-    reward_model = load_reward_model(str(ev.reward_model))
-    calibration = load_calibration(str(ev.calibration)) if ev.calibration else None
+    reward_model, calibration, reward = None, None, ev.reward
+    if reward is None:
+        reward_model = load_reward_model(str(ev.reward_model))
+        calibration = load_calibration(str(ev.calibration)) if ev.calibration else None
+    else:
+        print(f"eval: the proxy is the reward source {type(reward).__name__} (its raw scores)")
+        reward.build(reference, tokenizer)
     sampling = SamplingConfig(ev.max_new_tokens, ev.temperature, seed)
-    common = dict(reward_model=reward_model, calibration=calibration, batch_size=ev.batch_size)
+    common = dict(reward_model=reward_model, calibration=calibration, batch_size=ev.batch_size, reward=reward)
 
     def finish(samples: Samples) -> Samples:  # gold and judge utilities, computed once per sample
         if has_gold and not samples.gold:
@@ -372,8 +390,8 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
         results["bon_gold_curve"] = [{"n": n, "kl": k, "gold": g} for n, k, g in mean_curve(curves["gold"])]
         _write_curves(out_dir / "frontier_curves.csv", results)
     if ev.audit:  # the high-reward audit and the counterfactual table of every policy (audit.md, ...)
-        results["counterfactual"] = _audits(evaluated, prompts, reward_model, tokenizer, calibration, judge, ev,
-                                            out_dir, seed)
+        results["counterfactual"] = _audits(evaluated, prompts, reward_model or reward, tokenizer, calibration,
+                                            judge, ev, out_dir, seed)
     atomic_write_text(out_dir / "eval_results.json", json.dumps(results, indent=2, default=list) + "\n")
     if logger is not None:
         _log(logger, rows, plots, hyperparams or {}, results)
@@ -408,9 +426,10 @@ def _write_curves(path: Path, results: dict) -> None:
 def _audits(evaluated, prompts, reward_model, tokenizer, calibration, judge, ev, out_dir, seed) -> dict:
     """:func:`lrlhf.eval.audit.write_policy_audits` under the proxy (calibrated) and the pointwise judge."""
     from lrlhf.eval.audit import write_policy_audits
-    from lrlhf.eval.best_of_n import reward_model_scorer
+    from lrlhf.eval.best_of_n import reward_model_scorer, source_scorer
 
-    raw = reward_model_scorer(reward_model, tokenizer, batch_size=ev.batch_size)
+    raw = source_scorer(reward_model, tokenizer, batch_size=ev.batch_size) if ev.reward is not None else \
+        reward_model_scorer(reward_model, tokenizer, batch_size=ev.batch_size)
 
     def score(records, texts):
         values = raw(records, texts)

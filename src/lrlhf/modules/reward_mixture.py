@@ -47,6 +47,12 @@ class Mixture(RewardSource):
         self.calibrate = calibrate
         self.stats: dict[str, tuple[float, float]] | None = None
 
+    @property
+    def needs_preparation(self) -> bool:
+        """Whether the scales are still to be measured (:meth:`prepare`) before a score: ``recipe=eval``, which has
+        no PPO run's reference samples, refuses such a mixture when planning."""
+        return self.calibrate is not None and self.stats is None
+
     # -------------------------------------------------------------------------------- the protocol
     def build(self, model: nn.Module, tokenizer) -> nn.Module | None:
         modules = {name: m for name, s in self.sources.items() if (m := s.build(model, tokenizer)) is not None}

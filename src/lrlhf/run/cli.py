@@ -71,6 +71,11 @@ def _rm_judge(stage: str | None) -> str | None:
     return None if stage is None else f"rm:{stage}/model"
 
 
+def _stage_file(stage: str | None, name: str) -> str | None:
+    """``<stage>/<name>``, a file of a built stage folder; None when the recipe builds no such stage."""
+    return None if stage is None else f"{stage}/{name}"
+
+
 def register(root: Path = ROOT) -> None:
     """Register the resolvers and the top-level groups (``recipes/`` as ``recipe``, ``callbacks/``)."""
     from hydra.core.config_store import ConfigStore
@@ -81,6 +86,7 @@ def register(root: Path = ROOT) -> None:
     OmegaConf.register_new_resolver("lrlhf.smollm2_dir", _smollm2_dir, replace=True)
     OmegaConf.register_new_resolver("lrlhf.recipes_help", lambda: recipes_help(root / "recipes"), replace=True)
     OmegaConf.register_new_resolver("lrlhf.rm_judge", _rm_judge, replace=True)
+    OmegaConf.register_new_resolver("lrlhf.stage_file", _stage_file, replace=True)
     store = ConfigStore.instance()
     for group, folder in TOP_LEVEL_GROUPS.items():
         for path in sorted((root / folder).glob("*.yaml")):
