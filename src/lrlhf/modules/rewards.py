@@ -12,7 +12,7 @@ A reward source is any object with two methods (:class:`RewardSource` says them;
   ensemble's per-sample std of its members' calibrated scores (None for a single model or a program). ``meta`` is
   each row's prompt record's ``meta`` (the fields of its file beyond the prompt: a GSM8K problem's ``answer``; a
   prompt's k samples share it), passed by every caller that has the records and None where none are at hand; a
-  source that ignores it only accepts it.
+  source that ignores it only accepts it (one written before the keyword existed is called without it).
 
 The shipped sources: :class:`FrozenRewardModel` (a reward-model folder, or a :class:`~lrlhf.models.ScalarModel`;
 ``module.reward_model`` given as a path or a model is read as one), :class:`RewardAdapter` (the RM's ``reward``
@@ -27,6 +27,7 @@ reference answer) overrides :meth:`TextReward.score_records` (rules: :meth:`lrlh
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -214,13 +215,43 @@ class FunctionReward(TextReward):
         return [float(self.fn(p, r)) for p, r in zip(prompts, responses, strict=True)], {}
 
 
+class _WithoutMeta(RewardSource):
+    """A source written before ``score`` took ``meta`` (lrlhf < 0.3): called without it, every other attribute its
+    own (a mixture's ``prepare``, a checkpointed calibration state)."""
+
+    def __init__(self, source):
+        self.source = source
+
+    def __getattr__(self, name):
+        source = self.__dict__.get("source")
+        if source is None:  # (while unpickling or copying, before __init__'s attribute exists)
+            raise AttributeError(name)
+        return getattr(source, name)
+
+    def build(self, model: nn.Module, tokenizer) -> nn.Module | None:
+        return self.source.build(model, tokenizer)
+
+    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
+              meta: Meta = None) -> RewardScores:
+        return self.source.score(query_ids, query_mask, response_ids, masks)
+
+
+def _takes_meta(score) -> bool:
+    try:
+        parameters = inspect.signature(score).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: assume the current protocol
+        return True
+    return any(p.name == "meta" or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+
 def reward_source(reward_model) -> RewardSource:
     """``module.reward_model`` as a reward source: a path or a model is a :class:`FrozenRewardModel`; an object
-    with ``build`` and ``score`` is one already."""
+    with ``build`` and ``score`` is one already (one whose ``score`` has no ``meta`` keyword, written for the
+    protocol before it, is called without it)."""
     if isinstance(reward_model, (str, Path, nn.Module)):
         return FrozenRewardModel(reward_model)
     if callable(getattr(reward_model, "build", None)) and callable(getattr(reward_model, "score", None)):
-        return reward_model
+        return reward_model if _takes_meta(reward_model.score) else _WithoutMeta(reward_model)
     raise TypeError(f"module.reward_model must be a reward-model folder, a ScalarModel or a reward source (build and "
                     f"score, lrlhf.modules.rewards), got {type(reward_model).__name__}")
 
