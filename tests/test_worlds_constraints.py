@@ -24,6 +24,7 @@ def test_grpo_on_instruction_constraints_runs_end_to_end(tmp_path, tiny_real_mod
     out = _train(tmp_path, "recipe=grpo_constraints", "model=hf", f"model.name_or_path={tiny_real_model}",
                  "hparams=smollm2", "logger=csv", f"hydra.run.dir={run}",
                  *[f"world.limits.{k}={v}" for k, v in LIMITS.items()], "trainer.max_steps=8",
+                 "hparams.ppo.group_batch_size=4",  # 4 prompts x 8 samples, minibatches of 16: 2 steps per rollout
                  "module.config.max_new_tokens=8", "callbacks.early_stopping.every_n_rollouts=1")
     assert "plan: grpo_constraints 8 steps" in out.stdout and "building the constraints world" in out.stdout
     assert not (tmp_path / "cache" / "stages").exists()  # no SFT, no reward model: the instruct model is the start
@@ -39,4 +40,4 @@ def test_grpo_on_instruction_constraints_runs_end_to_end(tmp_path, tiny_real_mod
         assert 0.0 <= lo <= summary[f"judge/{name}"] <= hi <= 1.0
     rows = list(csv.DictReader((run / "logs" / "metrics.csv").open()))
     rates = [float(r["reward/constraint"]) for r in rows if r.get("reward/constraint")]
-    assert len(rates) == 2 and all(0.0 <= x <= 1.0 for x in rates)  # two rollouts, the rule's pass rate each
+    assert len(rates) == 4 and all(0.0 <= x <= 1.0 for x in rates)  # four rollouts, the rule's pass rate each
