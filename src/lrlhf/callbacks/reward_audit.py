@@ -47,7 +47,7 @@ class HighRewardAudit(pl.Callback):
 
     @torch.no_grad()
     def audit(self, trainer, pl_module, batch: dict, rollout, disagreement) -> None:
-        from lrlhf.data.collate import pad_sequences
+        from lrlhf.data.collate import collate_responses
         from lrlhf.eval.audit import audit_markdown, audit_rows
         from lrlhf.eval.counterfactual import DEFAULT_TRANSFORMS
         from lrlhf.eval.judges import score_responses
@@ -65,9 +65,7 @@ class HighRewardAudit(pl.Callback):
         def rescore(indices: list[int], texts: list[str]) -> list[float]:
             if not indices:
                 return []
-            eos = pl_module.eos_token_ids[0]
-            ids = [torch.tensor(tok(t, add_special_tokens=False)["input_ids"] + [eos]) for t in texts]
-            resp = pad_sequences(ids, pl_module.pad_token_id)
+            resp = collate_responses(tok, texts, pl_module.eos_token_ids[0], pl_module.pad_token_id)
             rows = torch.tensor(indices)
             query, query_mask = rollout.query_ids[rows], rollout.query_mask[rows]
             resp = resp.to(query.device)

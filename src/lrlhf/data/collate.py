@@ -30,6 +30,14 @@ def pad_sequences(seqs: Sequence[torch.Tensor], value, *, left: bool = False) ->
     return out
 
 
+def collate_responses(tokenizer, texts: Sequence[str], eos_token_id: int, pad_token_id: int) -> torch.Tensor:
+    """``(B, R)`` response ids of texts, as a sampler would have written them: each text's tokens (no special
+    tokens added), then ``eos_token_id``, right-padded with ``pad_token_id`` (a reward source rescores them with
+    :func:`lrlhf.functional.response_masks`)."""
+    return pad_sequences([torch.tensor(tokenizer(t, add_special_tokens=False)["input_ids"] + [eos_token_id])
+                          for t in texts], pad_token_id)
+
+
 def pad_to_multiple(input_ids: torch.Tensor, attention_mask: torch.Tensor, multiple: int
                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad ``(B, T)`` ids (with id 0) and mask (with 0) to the next multiple of ``multiple`` columns.

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import torch
 
-from lrlhf.data.collate import collate_encoded, collate_prompts
+from lrlhf.data.collate import collate_encoded, collate_prompts, collate_responses
 from lrlhf.data.records import PromptExample
 from lrlhf.data.tokenize import encode_chat, encode_prompt
 from lrlhf.functional import response_masks
@@ -84,11 +84,7 @@ def source_scorer(reward, tokenizer, max_length: int = 1024, batch_size: int = 6
             encoded = [encode_prompt(tokenizer, p, max_length=max_length, truncation="left", special_text="keep")
                        for p in records]
             queries = collate_prompts(encoded, pad_id)  # (b, P), left-padded
-            rows = [tokenizer(r, add_special_tokens=False)["input_ids"] + [eos_id]
-                    for r in responses[start:start + batch_size]]
-            response_ids = torch.full((len(rows), max(map(len, rows))), pad_id, dtype=torch.long)
-            for i, row in enumerate(rows):
-                response_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
+            response_ids = collate_responses(tokenizer, responses[start:start + batch_size], eos_id, pad_id)
             masks = response_masks(response_ids, eos_id, pad_id)
             out = reward.score(queries["input_ids"], queries["attention_mask"], response_ids, masks,
                                meta=[p.meta for p in records])

@@ -390,8 +390,11 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
         results["bon_gold_curve"] = [{"n": n, "kl": k, "gold": g} for n, k, g in mean_curve(curves["gold"])]
         _write_curves(out_dir / "frontier_curves.csv", results)
     if ev.audit:  # the high-reward audit and the counterfactual table of every policy (audit.md, ...)
-        results["counterfactual"] = _audits(evaluated, prompts, reward_model or reward, tokenizer, calibration,
-                                            judge, ev, out_dir, seed)
+        from lrlhf.eval.best_of_n import reward_model_scorer, source_scorer
+
+        raw = source_scorer(reward, tokenizer, batch_size=ev.batch_size) if reward is not None else \
+            reward_model_scorer(reward_model, tokenizer, batch_size=ev.batch_size)
+        results["counterfactual"] = _audits(evaluated, prompts, raw, calibration, judge, ev, out_dir, seed)
     atomic_write_text(out_dir / "eval_results.json", json.dumps(results, indent=2, default=list) + "\n")
     if logger is not None:
         _log(logger, rows, plots, hyperparams or {}, results)
@@ -423,13 +426,10 @@ def _write_curves(path: Path, results: dict) -> None:
     atomic_write_text(path, "\n".join(lines) + "\n")
 
 
-def _audits(evaluated, prompts, reward_model, tokenizer, calibration, judge, ev, out_dir, seed) -> dict:
-    """:func:`lrlhf.eval.audit.write_policy_audits` under the proxy (calibrated) and the pointwise judge."""
+def _audits(evaluated, prompts, raw, calibration, judge, ev, out_dir, seed) -> dict:
+    """:func:`lrlhf.eval.audit.write_policy_audits` under the proxy (``raw``, a scorer of its raw scores, then the
+    calibration) and the pointwise judge."""
     from lrlhf.eval.audit import write_policy_audits
-    from lrlhf.eval.best_of_n import reward_model_scorer, source_scorer
-
-    raw = source_scorer(reward_model, tokenizer, batch_size=ev.batch_size) if ev.reward is not None else \
-        reward_model_scorer(reward_model, tokenizer, batch_size=ev.batch_size)
 
     def score(records, texts):
         values = raw(records, texts)

@@ -66,14 +66,15 @@ def _smollm2_dir() -> str:
     return spec.submodule_search_locations[0]  # located, not imported (its __init__ needs the `llm` tool)
 
 
-def _rm_judge(stage: str | None) -> str | None:
-    """``rm:<stage>/model``, the judge of a built judge_rm stage folder; None when the recipe builds none."""
-    return None if stage is None else f"rm:{stage}/model"
-
-
 def _stage_file(stage: str | None, name: str) -> str | None:
     """``<stage>/<name>``, a file of a built stage folder; None when the recipe builds no such stage."""
     return None if stage is None else f"{stage}/{name}"
+
+
+def _rm_judge(stage: str | None) -> str | None:
+    """``rm:<stage>/model``, the judge of a built judge_rm stage folder; None when the recipe builds none."""
+    folder = _stage_file(stage, "model")
+    return None if folder is None else f"rm:{folder}"
 
 
 def register(root: Path = ROOT) -> None:
