@@ -469,6 +469,14 @@ def test_eval_recipe_tiny_writes_the_table_and_the_plots(tmp_path):
     assert again["sft"]["gold"] == rows["sft"]["gold"]  # the same samples (seeded), judged by the same gold
     for name, r in again.items():  # the verifier is gold computed from the texts: every row's proxy is its gold
         assert float(r["proxy"]) == pytest.approx(float(r["gold"]), abs=1e-6), name  # (float32 scores)
+    # a method left out (needs.X=null eval.policies.X=null): no row, nothing built, the rest as before
+    run = tmp_path / "without_dpo"
+    out = _train(tmp_path, "recipe=eval", "logger=csv", f"hydra.run.dir={run}", *_tiny("eval"),
+                 "needs.dpo=null", "eval.policies.dpo=null", "needs.grpo=null", "eval.policies.grpo=null")
+    assert "building the" not in out.stdout
+    fewer = {r["policy"]: r for r in csv.DictReader((run / "eval_table.csv").open())}
+    assert sorted(fewer) == ["bon2", "ppo", "rloo", "sft"]
+    assert fewer["ppo"]["gold"] == rows["ppo"]["gold"]
 
 
 def test_model_hf_without_a_gpu_gets_the_cpu_sizes_unless_hparams_is_chosen(monkeypatch, capsys):

@@ -249,7 +249,8 @@ class EvalSettings:
     goodhart_stage: str | None = None
 
     def __post_init__(self):
-        self.policies = dict(self.policies or {})
+        # a policy set to null is left out (recipe=eval without DPO: needs.dpo=null eval.policies.dpo=null)
+        self.policies = {name: path for name, path in (self.policies or {}).items() if path is not None}
         if isinstance(self.bon, dict):
             self.bon = BonSettings(**self.bon)
         if isinstance(self.audit, dict):
