@@ -7,7 +7,16 @@ import random
 
 import pytest
 
-from lrlhf.data.constraints import KINDS, ConstraintsWorld, attach, constraint_judge, draw, instruction, satisfied
+from lrlhf.data.constraints import (
+    KINDS,
+    ConstraintsWorld,
+    attach,
+    constraint_judge,
+    credit,
+    draw,
+    instruction,
+    satisfied,
+)
 
 CASES = [  # (constraint, response, met)
     ({"kind": "lowercase"}, "all small letters here, 42 too.", True),
@@ -66,6 +75,47 @@ def test_the_rule_reads_the_prompt_record():
     assert scores == [1.0, 0.0] and components == {"constraint": [1.0, 0.0]}
     with pytest.raises(ValueError, match="reward rule 'constraint' on the response 'x'"):
         reward.score_records(["p"], ["x"], None)
+
+
+PARTIAL = [  # (constraint, a response that does not meet it, its credit by hand)
+    ({"kind": "lowercase"}, "One Capital in twenty letters here", 0.45 * 27 / 29),  # 29 letters, 2 capitals
+    ({"kind": "no_commas"}, "a, b, c", 0.45 / 2),
+    ({"kind": "max_words", "n": 3}, "one two three four five six", 0.45 * 3 / 6),
+    ({"kind": "max_words", "n": 3}, "", 0.0),
+    ({"kind": "end_phrase", "phrase": "That is all."}, "That is all. More.", 0.45),  # there, but not last
+    ({"kind": "end_phrase", "phrase": "That is all."}, "Well, it is all", 0.15 * 2 / 3),  # is, all among the last 3
+    ({"kind": "end_phrase", "phrase": "That is all."}, "Nothing like it", 0.0),
+    ({"kind": "quotation"}, '"opened only', 0.2),
+    ({"kind": "quotation"}, 'closed only"', 0.2),
+    ({"kind": "quotation"}, "bare", 0.0),
+    ({"kind": "bullets", "n": 2}, "* one\n* two\n* three", 0.3),
+    ({"kind": "bullets", "n": 2}, "no list", 0.0),
+    ({"kind": "json"}, "{'a': 1}", 0.2),  # braces, but not JSON
+    ({"kind": "json"}, "plain words", 0.0),
+    ({"kind": "keyword", "word": "simple"}, "Simplest of all.", 0.0),
+]
+
+
+@pytest.mark.parametrize(("constraint", "response", "expected"), PARTIAL)
+def test_partial_credit_by_hand(constraint, response, expected):
+    assert credit(constraint, response) == pytest.approx(expected, abs=1e-12)
+
+
+@pytest.mark.parametrize(("constraint", "response", "met"), CASES)
+def test_partial_credit_is_one_exactly_when_met(constraint, response, met):
+    value = credit(constraint, response)
+    assert value == 1.0 if met else 0.0 <= value < 0.5
+
+
+def test_the_rule_gives_partial_credit_when_asked():
+    from lrlhf.modules.reward_constraints import InstructionConstraint
+    from lrlhf.modules.reward_rules import RuleReward
+
+    meta = [{"constraint": {"kind": "quotation"}}, {"constraint": {"kind": "quotation"}}]
+    responses = ['"wrapped"', '"half']
+    assert RuleReward(rules=[InstructionConstraint(partial=True)]).score_records(["p", "q"], responses, meta)[0] == [
+        1.0, 0.2]
+    assert RuleReward(rules=[InstructionConstraint()]).score_records(["p", "q"], responses, meta)[0] == [1.0, 0.0]
 
 
 def _write_sources(tmp_path, n=40):

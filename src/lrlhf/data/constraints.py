@@ -16,7 +16,10 @@ The kinds (IFEval's ids in brackets):
 - ``json`` (detectable_format:json_format): the whole response parses as JSON (a fenced json block counts).
 
 :func:`attach` draws one constraint per prompt with a seeded generator; :func:`constraint_judge` is a
-``judge(prompt_record, response)`` (1.0 / 0.0) for ``eval.judge`` and the sample table.
+``judge(prompt_record, response)`` (1.0 / 0.0) for ``eval.judge`` and the sample table. :func:`credit` is the partial
+credit of ``reward=constraints module.reward_model.rules.0.partial=true``: 1.0 exactly when the constraint is met,
+below 0.5 otherwise, graded by how near the response came (a reward with variance within a group where no sample
+meets the constraint yet, which a 0/1 check gives GRPO nothing to learn from).
 """
 
 from __future__ import annotations
@@ -103,6 +106,48 @@ def satisfied(constraint: dict[str, Any], response: str) -> bool:
     raise ValueError(f"unknown constraint kind {kind!r}; known: {', '.join(KINDS)}")
 
 
+def credit(constraint: dict[str, Any], response: str) -> float:
+    """1.0 when ``response`` meets ``constraint``, else a partial credit in ``[0, 0.5)`` by how near it came:
+
+    - ``lowercase``: 0.45 x the fraction of its letters in lower case;
+    - ``no_commas``: 0.45 / (number of commas);
+    - ``max_words``: 0.45 x n / (number of words) (0 when empty);
+    - ``end_phrase``: 0.45 when the phrase appears but something follows it, else 0.15 x the fraction of the
+      phrase's words among the response's last words;
+    - ``quotation``: 0.2 for a leading or a trailing double quotation mark (one of the two);
+    - ``bullets``: 0.3 when there are bullets, but not ``n`` of them;
+    - ``json``: 0.2 when it holds a ``{`` or ``[`` and its closing bracket but does not parse;
+    - ``keyword``: 0 (a word is there or not).
+    """
+    if satisfied(constraint, response):
+        return 1.0
+    kind, text = constraint["kind"], response.strip()
+    if kind == "lowercase":
+        letters = [c for c in text if c.isalpha()]
+        return 0.45 * sum(c.islower() for c in letters) / len(letters) if letters else 0.0
+    if kind == "no_commas":
+        return 0.45 / text.count(",") if "," in text else 0.0
+    if kind == "max_words":
+        words = len(WORD.findall(text))
+        return 0.45 * constraint["n"] / words if words else 0.0
+    if kind == "end_phrase":
+        phrase = constraint["phrase"]
+        if phrase in text:
+            return 0.45
+        wanted = [w.lower() for w in WORD.findall(phrase)]
+        tail = {w.lower() for w in WORD.findall(text)[-len(wanted):]}
+        return 0.15 * sum(w in tail for w in wanted) / len(wanted)
+    if kind == "quotation":
+        return 0.2 if text.startswith('"') or text.endswith('"') else 0.0
+    if kind == "bullets":
+        return 0.3 if re.search(r"^\s*[*-]\s", text, flags=re.M) else 0.0
+    if kind == "json":
+        return 0.2 if re.search(r"\{.*\}|\[.*\]", text, flags=re.S) else 0.0
+    if kind == "keyword":
+        return 0.0
+    raise ValueError(f"unknown constraint kind {kind!r}; known: {', '.join(KINDS)}")
+
+
 def attach(prompt: str, constraint: dict[str, Any]) -> str:
     """The user's prompt with the constraint's instruction after it."""
     return f"{prompt.rstrip()}\n\n{instruction(constraint)}"
@@ -123,7 +168,7 @@ def constraint_judge(prompt_record, response: str) -> float:
     return float(satisfied(constraint_of(meta, "judge lrlhf.data.constraints:constraint_judge"), response))
 
 
-__all__ = ["KINDS", "attach", "constraint_judge", "constraint_of", "draw", "instruction", "satisfied"]
+__all__ = ["KINDS", "attach", "constraint_judge", "constraint_of", "credit", "draw", "instruction", "satisfied"]
 
 
 # ------------------------------------------------------------------------------------------ the world
