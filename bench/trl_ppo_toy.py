@@ -1,7 +1,8 @@
 """TRL's PPOTrainer (trl 1.12.0, ``trl.experimental.ppo``) on the toy world, as a peer point on the gold-vs-KL plane
 (issue #31): the same SFT policy, the same frozen reward model (calibrated as ours), the same prompts and episodes.
 
-    /work/venv-trl/bin/python bench/trl_ppo_toy.py --run OUR_PPO_RUN --out OUT [--kl-coef 0.05] [--lr 3e-3]
+    /work/venv-trl/bin/python bench/trl_ppo_toy.py --run OUR_PPO_RUN --out OUT [--kl-coef 0.05] [--lr 3e-3] \
+        [--reward gold]
 
 ``OUR_PPO_RUN`` is a finished ``python train.py recipe=ppo_lora`` run folder (the README command): its resolved config
 names the SFT model, the reward model and its calibration, the world's RL prompts and the seed, and its settings give
@@ -17,6 +18,10 @@ alpha 16, every projection of every layer; reference = adapter disabled), the le
 coefficient (``--kl-coef``, its default 0.05; ours is adaptive from 0.2), the k1 estimator in the reward, a separate
 full value model initialised from the reward model (ours: a LoRA value adapter on the policy), value loss weight
 0.1, whitened advantages, no early stopping (ours keeps the best of 8 held-out evaluations). 1 torch thread.
+
+``--reward gold``: the exact reward instead of the RM (our ``reward=gold``, the toy verifier read from the decoded
+prompt and response), calibrated as ours is (mean and std of one SFT sample for each of the first 256 RL prompts):
+the two optimisers compared alone. TRL's reward call is replaced for that one model; everything else is TRL's.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from torch import nn
 from lrlhf.data.formats import load_records
 from lrlhf.data.tokenize import encode_prompt
 from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
-from lrlhf.models.heads import ScalarModel
+from lrlhf.models.heads import ScalarModel, decoder
 from lrlhf.models.reward import load_calibration, load_reward_model
 
 
@@ -77,6 +82,39 @@ class TRLScalar(nn.Module):
         self.score = _Score(scalar.head, mean, std)
 
 
+def gold_reward(policy, tokenizer, prompts, seed: int) -> nn.Module:
+    """A stand-in reward model whose score TRL's ``get_reward`` is made to take from the toy verifier on the decoded
+    texts, ``(gold - mean) / std`` with the mean and std of one SFT sample for each of the first 256 prompts."""
+    import trl.experimental.ppo.ppo_trainer as trainer_module
+
+    from lrlhf.data.toy import verifiable_reward
+    from lrlhf.eval.utility import sample_gold_utility
+
+    golds = sample_gold_utility(policy.eval(), tokenizer, prompts[:256], n_samples=1, temperature=1.0,
+                                max_new_tokens=32, seed=seed).per_prompt
+    mean = sum(golds) / len(golds)
+    std = (sum((g - mean) ** 2 for g in golds) / (len(golds) - 1)) ** 0.5
+    print(f"gold reward: calibration on {len(golds)} SFT samples: mean {mean:.4f}, std {std:.4f}", flush=True)
+    marker = nn.Module()
+    trl_get_reward = trainer_module.get_reward
+    pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
+
+    def get_reward(model, query_responses, pad_token_id, context_length):
+        if model is not marker:
+            return trl_get_reward(model, query_responses, pad_token_id, context_length)
+        texts = []
+        for row in query_responses.tolist():
+            query, response = row[:context_length], row[context_length:]
+            response = response[:response.index(eos)] if eos in response else response
+            texts.append((tokenizer.decode([t for t in query if t != pad], skip_special_tokens=True),
+                          tokenizer.decode([t for t in response if t != pad], skip_special_tokens=True).strip()))
+        gold = torch.tensor([verifiable_reward(p, r) for p, r in texts], dtype=torch.float32)
+        return None, ((gold - mean) / std).to(query_responses.device), None
+
+    trainer_module.get_reward = get_reward
+    return marker
+
+
 def resolved(run: Path) -> dict:
     """The run's settings as it ran them (``config.yaml``, written resolved at the stage's start)."""
     if not (run / "config.yaml").is_file():
@@ -91,6 +129,7 @@ def main() -> None:
     parser.add_argument("--kl-coef", type=float, default=0.05, help="TRL's fixed KL coefficient (its default)")
     parser.add_argument("--lr", type=float, default=None, help="default: our run's (3e-3, linear decay to 0)")
     parser.add_argument("--rollouts", type=int, default=None, help="default: our run's (max_steps / 4 = 80)")
+    parser.add_argument("--reward", choices=("rm", "gold"), default="rm", help="gold: the toy verifier (reward=gold)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from datasets import Dataset
@@ -113,9 +152,13 @@ def main() -> None:
     policy = load_causal_lm(ModelConfig(policy_dir))
     calibration = load_calibration(module["calibration"])
     reward = TRLScalar(load_reward_model(module["reward_model"]), calibration.mean, calibration.std)
-    value = TRLScalar(load_reward_model(module["reward_model"]).train().requires_grad_(True))
-    value.body.backbone.get_output_embeddings().requires_grad_(False)  # never run (as in ScalarModel)
+    critic = load_reward_model(module["reward_model"]).train()
+    decoder(critic.backbone).requires_grad_(True)  # the body and the head train; the LM head is never run
+    critic.head.requires_grad_(True)
+    value = TRLScalar(critic)
     prompts = load_records(cfg["data"]["train"], "prompt", verbose=False)[0]
+    if args.reward == "gold":
+        reward = gold_reward(policy, tokenizer, prompts, seed)
     ids = [e.encoded.input_ids for p in prompts
            if (e := encode_prompt(tokenizer, p, max_length=cfg["data"]["max_length"], truncation="left",
                                   special_text="keep")) is not None]
@@ -147,7 +190,8 @@ def main() -> None:
         keys = ("episode", "objective/kl", "objective/scores", "objective/entropy", "policy/clipfrac_avg",
                 "val/ratio")
         print({k: round(entry[k], 4) for k in keys if k in entry}, flush=True)
-    print(f"TRL PPO: {rollouts} rollouts x {batch} prompts, kl_coef {args.kl_coef}, lr {lr}: {wall:.0f} s -> {out}")
+    print(f"TRL PPO ({args.reward}): {rollouts} rollouts x {batch} prompts, kl_coef {args.kl_coef}, lr {lr}: "
+          f"{wall:.0f} s -> {out}")
 
 
 if __name__ == "__main__":
