@@ -143,9 +143,7 @@ def credit(constraint: dict[str, Any], response: str) -> float:
         return 0.3 if re.search(r"^\s*[*-]\s", text, flags=re.M) else 0.0
     if kind == "json":
         return 0.2 if re.search(r"\{.*\}|\[.*\]", text, flags=re.S) else 0.0
-    if kind == "keyword":
-        return 0.0
-    raise ValueError(f"unknown constraint kind {kind!r}; known: {', '.join(KINDS)}")
+    return 0.0  # keyword (an unknown kind was refused by satisfied)
 
 
 def attach(prompt: str, constraint: dict[str, Any]) -> str:
