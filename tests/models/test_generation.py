@@ -4,7 +4,7 @@ each id with its probability; EOS handling as ``generate``."""
 import pytest
 import torch
 
-from lrlhf.models.generation import sample_categorical, sample_with_logprobs
+from lrlhf.models.generation import repeated_rows, sample_categorical, sample_with_logprobs
 
 VOCAB = 64  # the vocabulary of conftest._tiny
 
@@ -107,3 +107,35 @@ def test_one_token_and_bad_arguments(tiny_llama):
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
         sample_with_logprobs(tiny_llama, ids, mask, max_new_tokens=0, temperature=1.0, eos_token_ids=[EOS],
                              pad_token_id=PAD)
+
+
+def test_repeated_rows_are_runs_of_adjacent_rows_with_equal_ids_and_mask():
+    ids = torch.tensor([[0, 5, 6], [0, 5, 6], [7, 5, 6], [0, 5, 6], [0, 5, 6], [0, 5, 6]])
+    mask = torch.tensor([[0, 1, 1], [0, 1, 1], [1, 1, 1], [0, 1, 1], [0, 1, 1], [1, 1, 1]])
+    rows, expand = repeated_rows(ids, mask)  # row 3 repeats row 0 but not adjacently; row 5 differs by its mask
+    assert rows.tolist() == [0, 2, 3, 5]
+    assert expand.tolist() == [0, 0, 1, 2, 2, 3]
+    assert torch.equal(ids[rows][expand], ids) and torch.equal(mask[rows][expand], mask)
+    assert repeated_rows(ids[1:4], mask[1:4]) is None  # no row repeats its predecessor
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_groups_repeated_prompt_is_prefilled_once_with_the_same_samples(tiny_model, temperature):
+    model = tiny_model.double().eval()  # fp64: the two prefills' batch sizes round alike, so the draws are equal
+    ids, mask = _prompts()
+    ids, mask = ids.repeat_interleave(3, dim=0), mask.repeat_interleave(3, dim=0)  # 3 prompts x k = 3
+    prefill_rows = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: prefill_rows.append(kwargs["input_ids"].shape),
+                                           with_kwargs=True)
+    out = {}
+    for share in (True, False):
+        prefill_rows.clear()
+        torch.manual_seed(5)
+        out[share] = sample_with_logprobs(model, ids, mask, max_new_tokens=10, temperature=temperature,
+                                          eos_token_ids=[EOS], pad_token_id=PAD, share_prefill=share)
+        assert prefill_rows[0] == ((3 if share else 9), 7)  # the prompts' columns, once per prompt when shared
+        assert all(shape == (9, 1) for shape in prefill_rows[1:])  # every row decodes on its own
+    hook.remove()
+    assert torch.equal(out[True][0], out[False][0])
+    torch.testing.assert_close(out[True][1], out[False][1], atol=1e-12, rtol=0)
+    assert not torch.equal(out[True][0][0], out[True][0][1])  # the group's rows drew their own samples
