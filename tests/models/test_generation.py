@@ -134,8 +134,44 @@ def test_a_groups_repeated_prompt_is_prefilled_once_with_the_same_samples(tiny_m
         out[share] = sample_with_logprobs(model, ids, mask, max_new_tokens=10, temperature=temperature,
                                           eos_token_ids=[EOS], pad_token_id=PAD, share_prefill=share)
         assert prefill_rows[0] == ((3 if share else 9), 7)  # the prompts' columns, once per prompt when shared
-        assert all(shape == (9, 1) for shape in prefill_rows[1:])  # every row decodes on its own
+        assert all(shape[0] <= 9 and shape[1] == 1 for shape in prefill_rows[1:])  # one token per live row
     hook.remove()
     assert torch.equal(out[True][0], out[False][0])
     torch.testing.assert_close(out[True][1], out[False][1], atol=1e-12, rtol=0)
     assert not torch.equal(out[True][0][0], out[True][0][1])  # the group's rows drew their own samples
+
+
+def test_rows_that_stopped_leave_the_batch_and_the_others_draw_what_they_drew_in_it(tiny_llama):
+    model = tiny_llama.double().eval()  # fp64: the smaller batches round alike, so the draws are equal
+    with torch.no_grad():  # EOS after a few tokens, at different steps in different rows
+        model.lm_head.weight[EOS] = 0.0
+        model.lm_head.weight[EOS, :4] = 1.0
+    ids, mask = _prompts()
+    ids, mask = ids.repeat(3, 1), mask.repeat(3, 1)  # 9 rows, not adjacent repeats: no shared prefill
+    rows = []
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: rows.append(kwargs["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    out = {}
+    for synced in (False, True):  # synced (a collective forward) keeps every row in the batch
+        rows.clear()
+        torch.manual_seed(2)
+        out[synced] = sample_with_logprobs(model, ids, mask, max_new_tokens=30, temperature=1.0,
+                                           eos_token_ids=[EOS], pad_token_id=PAD, synced=synced)
+        steps = list(rows)
+    hook.remove()
+    sampled, logprobs = out[False]
+    assert torch.equal(sampled, out[True][0])
+    torch.testing.assert_close(logprobs, out[True][1], atol=1e-12, rtol=0)
+    stop = torch.where((sampled == EOS).any(1), (sampled == EOS).int().argmax(1), sampled.shape[1])
+    assert int(stop.min()) < int(stop.max())  # rows stop at different steps
+    assert steps == [9] * len(steps)  # the synced run's decode steps: every row
+    torch.manual_seed(2)
+    rows.clear()
+    hook = model.register_forward_pre_hook(lambda _, args, kwargs: rows.append(kwargs["input_ids"].shape[0]),
+                                           with_kwargs=True)
+    sample_with_logprobs(model, ids, mask, max_new_tokens=30, temperature=1.0, eos_token_ids=[EOS], pad_token_id=PAD)
+    hook.remove()
+    # the prefill (9 rows), then decode step t (feeding token t) runs the rows that had not stopped by token t
+    assert rows == [9] + [int((stop > t).sum()) for t in range(len(rows) - 1)]
+    for row, end in enumerate(stop.tolist()):  # after its stop: pads of log-prob 0
+        assert (sampled[row, end + 1:] == PAD).all() and (logprobs[row, end + 1:] == 0).all()

@@ -128,8 +128,9 @@ def generate_responses(
     return responses
 
 
-def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
-    """``(B,)`` one id per row of ``(B, V)`` probabilities, by inverse-CDF sampling from the global RNG.
+def sample_categorical(probs: torch.Tensor, uniform: torch.Tensor | None = None) -> torch.Tensor:
+    """``(B,)`` one id per row of ``(B, V)`` probabilities, by inverse-CDF sampling from the global RNG (or from
+    ``uniform``, ``(B, 1)`` fp64 draws in ``[0, 1)`` the caller made).
 
     ``u ~ U[0, total)`` per row (``total`` = the row's summed probability, so unnormalised rows work too) and the
     first id whose cumulative probability exceeds ``u``; the cumulative sum is in fp64, so each id is drawn
@@ -138,7 +139,9 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
     costs one exponential variate per vocabulary entry (2.7 ms vs 0.18 ms for 16 x 8000 on one CPU thread).
     """
     cdf = probs.double().cumsum(dim=-1)
-    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device) * cdf[:, -1:]
+    if uniform is None:
+        uniform = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
+    u = uniform * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
 
 
@@ -171,8 +174,13 @@ def sample_with_logprobs(
     seed); rows already stopped get ``pad_token_id``, as in ``generate``. A row stops
     after its first id in ``eos_token_ids``; the loop stops when every row has stopped (``R`` may then be
     below ``max_new_tokens``). Positions count attended tokens (``cumsum(mask) - 1``), so a left-padded row
-    sees the positions it would have unpadded. Entries after a row's stop are pad ids with the log-prob of the
-    pad under the row's distribution (meaningless, masked by the caller). ``temperature`` must be > 0.
+    sees the positions it would have unpadded. Entries after a row's stop are pad ids with log-prob 0 (and value 0),
+    in every decoding mode; the caller masks them. ``temperature`` must be > 0.
+
+    Rows that stopped leave the batch (eager decoding, not ``synced``): the next steps decode the others alone, their
+    cache and mask cut to them, so a step costs what its live rows cost. The uniform draws are made for every row
+    at every step, as without the cut, so each row's ids are the ones it draws in a full batch (to the kernels'
+    rounding of the smaller batch).
 
     With a ``value_head`` (a critic on the policy's own trunk), a third ``(B, R)`` tensor holds the value of
     the state in which each token was chosen: the head on the trunk's last hidden state at the column whose
@@ -262,6 +270,12 @@ class _EagerDecoder:
         return self.model(input_ids=token[:, None], attention_mask=self.mask, position_ids=position,
                           use_cache=True, **self.cache_kwargs).logits[:, -1]
 
+    def keep(self, rows: torch.Tensor) -> None:
+        """Go on with ``rows`` of the batch alone (the others have stopped): their cache and mask."""
+        (cache,) = self.cache_kwargs.values()
+        cache.batch_select_indices(rows)
+        self.mask = self.mask[rows]
+
 
 class CacheNotUsedError(InvariantError):
     """The model did not fill the KV cache it was given: decoding would see no context."""
@@ -292,24 +306,34 @@ def _sample_loop(decoder, input_ids, mask, positions, eos, trunk, value_head, ma
     cached = _check_cache(model, cache_kwargs, input_ids.shape[1], "after the prefill", windowed=True)
     next_position = positions[:, -1:] + 1
     unfinished = torch.ones(batch, dtype=torch.bool, device=device)
+    live = torch.arange(batch, device=device)  # the rows the model still decodes (all, until some stop)
+    compacts = hasattr(decoder, "keep") and not synced  # a collective forward keeps every rank's batch
     tokens, logprobs, values = [], [], []
     for step in range(max_new_tokens):
         if value_head is not None:
-            values.append(value_head(trunk["hidden"][:, -1]))
+            value = value_head(trunk["hidden"][:, -1])
+            values.append(torch.where(unfinished, value.new_zeros(batch).index_copy(0, live, value), 0))
         scores = logits.float()
         if temperature != 1.0:
             scores = scores / temperature
-        token = sample_categorical(torch.softmax(scores, dim=-1))
+        uniform = torch.rand(batch, 1, dtype=torch.float64, device=device)  # one per row: the stream of every row
+        drawn = sample_categorical(torch.softmax(scores, dim=-1), uniform[live])
+        token = torch.full((batch,), pad_token_id, dtype=drawn.dtype, device=device).index_copy(0, live, drawn)
         token = torch.where(unfinished, token, pad_token_id)
         tokens.append(token)
-        logprobs.append(torch.log_softmax(scores, dim=-1).gather(-1, token[:, None]).squeeze(1))
+        logprob = torch.log_softmax(scores, dim=-1).gather(-1, token[live, None]).squeeze(1)
+        logprobs.append(torch.where(unfinished, scores.new_zeros(batch).index_copy(0, live, logprob), 0))
         unfinished = unfinished & ~torch.isin(token, eos)
         going = bool(unfinished.any())
         if synced:
             going = any_across_ranks(going)  # every rank takes the same number of (collective) forwards
         if step == max_new_tokens - 1 or not going:
             break
-        logits = decoder.step(token, next_position, step)
+        if compacts and not bool(unfinished[live].all()):  # rows stopped: the model decodes the others alone
+            kept = unfinished[live].nonzero().squeeze(1)
+            decoder.keep(kept)
+            live, next_position = live[kept], next_position[kept]
+        logits = decoder.step(token[live], next_position, step)
         if step == 0:
             windowed = cached < input_ids.shape[1]  # a sliding-window cache already at its size
             _check_cache(model, cache_kwargs, cached + 1, "after the first decode step", windowed=windowed)
