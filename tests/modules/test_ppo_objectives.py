@@ -231,8 +231,12 @@ class HalfDegenerate(RewardSource):
 def test_dynamic_sampling_drops_the_degenerate_groups_before_the_advantages(world, tokenizer, tmp_path):  # noqa: F811
     module = _module(world, tokenizer, advantage=GRPO(samples_per_prompt=2), critic=None, reward=HalfDegenerate(2),
                      forward_batch_size=8, parts={"group_filter": DynamicSampling()})  # one scoring chunk
+    reference_rows = []
+    reference = module.reference_logprobs
+    module.reference_logprobs = lambda q, qm, r: reference_rows.append(len(q)) or reference(q, qm, r)
     torch.manual_seed(0)
     rollout = module.make_rollout(_batch(world, tokenizer))  # 4 prompts x 2 samples: groups 1 and 3 informative
+    assert reference_rows == [4]  # the degenerate groups left before the reference's forward
     assert rollout.raw_scores.tolist() == [2.0, 3.0, 6.0, 7.0]
     assert torch.allclose(rollout.advantages[:, 0], torch.tensor([-1.0, 1.0, -1.0, 1.0]) / 2 ** 0.5, atol=1e-4)
     assert module.rollout_filter_stats["rollout/groups_kept"] == 2.0

@@ -385,44 +385,57 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
             sampled_logprobs = sampled_values = None  # the old log-probs (and values) from the trainer's forwards
         # 3. masks from the sampled ids
         masks = response_masks(response_ids, self.eos_token_ids, self.pad_token_id)
-        # 4. no-grad scoring in micro-batches (policy and value only when sampling gave none)
-        parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "values": [], "raw_scores": []}
+        # 4. the reward of every row, in micro-batches of whole groups (where sharing may apply, as many per rank)
+        k = self.sharing.scoring_group_size
+        chunk = max(k, self.config.forward_batch_size // k * k)
+        raw: list[Tensor] = []
         spread: list[Tensor] = []  # an ensemble reward's disagreement
         components: dict[str, list[Tensor]] = {}  # a reward's named parts (rules, a mixture's sources)
-        k = self.sharing.scoring_group_size  # chunks of whole groups where sharing may apply, as many on every rank
-        for rows in row_chunks(query_ids.shape[0], max(k, self.config.forward_batch_size // k * k)):
+        for rows in row_chunks(query_ids.shape[0], chunk):
+            reward = self.reward_scores(query_ids[rows], query_mask[rows], response_ids[rows],
+                                        ResponseMasks(*(m[rows] for m in masks)), meta and meta[rows])
+            raw.append(reward.scores)
+            if reward.disagreement is not None:
+                spread.append(reward.disagreement)
+            for name, value in (reward.components or {}).items():
+                components.setdefault(name, []).append(value.float())
+        raw_scores = torch.cat(raw)
+        self.rollout_disagreement = torch.cat(spread) if spread else None
+        self.rollout_components = {name: torch.cat(chunks) for name, chunks in components.items()}
+        if self.group_filter is not None:  # dynamic sampling: groups of equal scores leave before the forwards
+            zeros = response_ids.new_zeros(response_ids.shape, dtype=torch.float32)  # the scores need no log-prob
+            scores = self.compute_rewards(raw_scores, zeros, zeros, masks)[1].scores
+            keep, self.rollout_filter_stats = self.group_filter.rows(scores, self.advantage.samples_per_prompt)
+            query_ids, query_mask, response_ids = query_ids[keep], query_mask[keep], response_ids[keep]
+            masks, raw_scores = ResponseMasks(*(m[keep] for m in masks)), raw_scores[keep]
+            meta = meta and [meta[i] for i in keep.tolist()]
+            sampled_logprobs, sampled_values, sampler_logprobs = (
+                None if t is None else t[keep] for t in (sampled_logprobs, sampled_values, sampler_logprobs))
+            if self.rollout_disagreement is not None:
+                self.rollout_disagreement = self.rollout_disagreement[keep]
+            self.rollout_components = {name: value[keep] for name, value in self.rollout_components.items()}
+        # 5. no-grad forwards of the rows kept: the reference, and the policy and values where sampling gave none
+        parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "values": []}
+        for rows in row_chunks(query_ids.shape[0], chunk):
             q, qm, r = query_ids[rows], query_mask[rows], response_ids[rows]
             parts["logprobs"].append(self.policy_forward(q, qm, r)[0] if sampled_logprobs is None
                                      else sampled_logprobs[rows].float())
             parts["ref_logprobs"].append(self.reference_logprobs(q, qm, r))
             values = self.value_forward(q, qm, r) if sampled_values is None else sampled_values[rows]
             parts["values"].append(values.float())
-            reward = self.reward_scores(q, qm, r, ResponseMasks(*(m[rows] for m in masks)), meta and meta[rows])
-            parts["raw_scores"].append(reward.scores)
-            if reward.disagreement is not None:
-                spread.append(reward.disagreement)
-            for name, value in (reward.components or {}).items():
-                components.setdefault(name, []).append(value.float())
-        scored = {name: torch.cat(chunks) for name, chunks in parts.items()}
-        self.rollout_disagreement = torch.cat(spread) if spread else None
-        self.rollout_components = {name: torch.cat(chunks) for name, chunks in components.items()}
+        empty = response_ids.new_zeros(response_ids.shape, dtype=torch.float32)  # no row kept: (0, R)
+        scored = {name: torch.cat(chunks) if chunks else empty for name, chunks in parts.items()}
         values = scored["values"] * masks.action_mask
-        # 5. rewards
-        scores, shaped = self.compute_rewards(scored["raw_scores"], scored["logprobs"], scored["ref_logprobs"], masks)
+        # rewards: the calibrated scores, the KL
+        scores, shaped = self.compute_rewards(raw_scores, scored["logprobs"], scored["ref_logprobs"], masks)
         rollout = Rollout(
             query_ids=query_ids, query_mask=query_mask, response_ids=response_ids, masks=masks,
             logprobs=scored["logprobs"], ref_logprobs=scored["ref_logprobs"], values=values,
-            raw_scores=scored["raw_scores"], scores=scores, rewards=shaped.rewards, kl=shaped.kl,
+            raw_scores=raw_scores, scores=scores, rewards=shaped.rewards, kl=shaped.kl,
             advantages=values.new_zeros(values.shape), returns=values.new_zeros(values.shape),  # step 6
             policy_mask=masks.action_mask & self.overlong.keep(masks.lengths, masks.has_eos)[:, None],
             sampler_logprobs=(scored["logprobs"] if sampler_logprobs is None else sampler_logprobs.float()),
         )
-        if self.group_filter is not None:  # dynamic sampling: groups of equal scores are dropped
-            rows, self.rollout_filter_stats = self.group_filter.rows(shaped.scores, self.advantage.samples_per_prompt)
-            rollout = rollout.select(rows)
-            if self.rollout_disagreement is not None:
-                self.rollout_disagreement = self.rollout_disagreement[rows]
-            self.rollout_components = {name: value[rows] for name, value in self.rollout_components.items()}
         # 6. advantages
         advantages, returns = self.compute_advantages(rollout.rewards, rollout.values, rollout.action_mask)
         rollout = dataclasses.replace(rollout, advantages=advantages, returns=returns)
