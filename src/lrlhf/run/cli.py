@@ -185,15 +185,33 @@ def run(cfg: DictConfig) -> dict:
     return summary
 
 
+def _by_batches(trainer) -> bool:
+    """Whether the run's length is a number of batches (``max_steps`` -1, ``limit_train_batches`` an integer)."""
+    return trainer.max_steps is not None and trainer.max_steps < 0 and isinstance(
+        trainer.get("limit_train_batches"), int)
+
+
+def _length(trainer, stage: str) -> str:
+    """A stage's length as the plan prints it: its optimiser steps, or its batches (a PPO stage's rollouts) when
+    those bound it."""
+    if _by_batches(trainer):
+        epochs = trainer.get("max_epochs")
+        unit = "rollouts" if stage == "ppo" else "batches"
+        return f"{trainer.limit_train_batches} {unit}{f' x {epochs} epochs' if epochs not in (None, 1) else ''}"
+    return f"{trainer.max_steps} steps"
+
+
 def plan_line(cfg: DictConfig, todo: list, choices) -> str:
     """Before any work, what will train and how long each stage is, and the keys that change it (#36)."""
-    parts = [f"{recipe} {dep.trainer.max_steps} steps" for recipe, dep, _ in todo]
+    parts = [f"{recipe} {_length(dep.trainer, dep.stage)}" for recipe, dep, _ in todo]
     if kind_of(cfg).trains:
-        parts.append(f"{'then ' if parts else ''}{choices.recipe} {cfg.trainer.max_steps} steps")
+        parts.append(f"{'then ' if parts else ''}{choices.recipe} {_length(cfg.trainer, cfg.stage)}")
     else:
         parts.append(f"{'then ' if parts else ''}{choices.recipe}")
     stages = sorted({dep.stage for _, dep, _ in todo} | ({cfg.stage} & set(TRAINED_STAGES)))
-    keys = ", ".join(f"hparams.{stage}.max_steps=N" for stage in stages)
+    by_batches = kind_of(cfg).trains and _by_batches(cfg.trainer)  # this stage's length: trainer.limit_train_batches
+    keys = ", ".join("trainer.limit_train_batches=N" if by_batches and stage == cfg.stage
+                     else f"hparams.{stage}.max_steps=N" for stage in stages)
     return (f"plan: {', '.join(parts)} (sizes: hparams={choices.hparams}, model={choices.model}"
             + (f"; change with {keys}" if keys else "") + "; each stage shows its pace after its first step)")
 
