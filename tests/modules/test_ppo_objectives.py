@@ -240,6 +240,9 @@ def test_dynamic_sampling_drops_the_degenerate_groups_before_the_advantages(worl
     assert rollout.raw_scores.tolist() == [2.0, 3.0, 6.0, 7.0]
     assert torch.allclose(rollout.advantages[:, 0], torch.tensor([-1.0, 1.0, -1.0, 1.0]) / 2 ** 0.5, atol=1e-4)
     assert module.rollout_filter_stats["rollout/groups_kept"] == 2.0
+    kept = _module(world, tokenizer, advantage=GRPO(samples_per_prompt=2), critic=None, reward=HalfDegenerate(2),
+                   forward_batch_size=8, parts={"group_filter": DynamicSampling()})
+    assert _fit(kept, world, tokenizer, 1, tmp_path / "kept").logged_metrics["rollout/skipped_update"] == 0.0
     # nothing informative: the rollout is empty and its update skipped, the run goes on
     flat = _module(world, tokenizer, advantage=GRPO(samples_per_prompt=2), critic=None,
                    reward=FunctionReward(lambda p, r: 0.5, name="flat"), parts={"group_filter": DynamicSampling()})

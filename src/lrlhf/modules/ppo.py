@@ -475,6 +475,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         if getattr(self, "keep_last_rollout", False):  # read by lrlhf.callbacks.HighRewardAudit, until the next one
             self.last_rollout = (batch, rollout, self.rollout_disagreement)
         # 7. update epochs on the frozen rollout
+        # logged at every rollout: Lightning's logger rows repeat a step metric's last value until it is logged again
+        stats["rollout/skipped_update"] = 0.0
         if any_across_ranks(bool(rollout.action_mask.any())):  # ranks step together (DDP/FSDP collectives)
             stats.update(self.update(rollout))
         else:
