@@ -32,6 +32,23 @@ class SFTExample:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
+#: what a person's (or an annotator's) ``label`` on a pair means, everywhere lrlhf reads one: P(``chosen`` as
+#: written wins): 1 (``a``) chosen is better, 0 (``b``) rejected is, 0.5 (``tie``) neither; null (None): no label,
+#: the pair is not a training pair (the labelling page's skip and both-bad, a pair nobody labelled)
+LABEL_VALUES = {1.0: 1.0, 0.0: 0.0, 0.5: 0.5, "a": 1.0, "b": 0.0, "tie": 0.5}
+
+
+def label_value(value: Any) -> float | None:
+    """1.0 / 0.0 / 0.5 from a label (a number or ``a`` / ``b`` / ``tie``), None for null; else ``ValueError``."""
+    if value is None:
+        return None
+    key = value.lower() if isinstance(value, str) else value
+    if isinstance(key, bool) or not isinstance(key, (int, float, str)) or key not in LABEL_VALUES:
+        raise ValueError(f"label {value!r} must be 1 (a / chosen preferred), 0 (b / rejected preferred), 0.5 (a "
+                         "tie) or null (no label), or 'a', 'b', 'tie'")
+    return LABEL_VALUES[key]
+
+
 #: the kinds every consumer of preferences reads (``formats.load_records``): pairs or, failing that, rankings
 #: (:func:`as_pairs` turns either into pairs)
 PREFERENCE_KINDS = ("preference", "ranking")
@@ -43,7 +60,9 @@ class PreferencePair:
 
     ``prompt`` ends with the turn the continuations answer (normally a user turn); ``chosen`` and
     ``rejected`` hold the continuation messages (normally a single assistant message).
-    ``target`` = P(chosen > rejected): 1.0 for a hard label, 0.5 for an explicit tie.
+    ``target`` = P(chosen > rejected): 1.0 for a hard label, 0.5 for an explicit tie. ``labelled``: the
+    orientation and target are a person's ``label`` (written back as ``label``, so a file made of these pairs
+    says so again when read).
     """
 
     prompt: Conversation
@@ -52,6 +71,7 @@ class PreferencePair:
     target: float = 1.0
     source: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    labelled: bool = False
 
 
 @dataclass

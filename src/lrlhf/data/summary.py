@@ -14,6 +14,7 @@ EMPTY_RESPONSE = "empty_response"
 DUPLICATE_PROMPT = "duplicate_prompt"
 DUPLICATE_PAIR = "duplicate_pair"
 CONTRADICTORY_PAIR = "contradictory_pair"
+UNLABELLED = "unlabelled"  # a pair whose ``label`` is null: nobody labelled it (or skipped it, or found both bad)
 
 
 @dataclass
@@ -31,6 +32,7 @@ class DataSummary:
     dropped: dict[str, int] = field(default_factory=dict)
     truncated: int = 0
     removed_answers: int = 0  # ranking answers too long to fit, removed from a group that was kept
+    labelled: int = 0  # kept pairs whose orientation a person's ``label`` gave (``lrlhf label``, a file exchange)
 
     @property
     def kept(self) -> int:
@@ -57,6 +59,8 @@ class DataSummary:
         out.update(read=self.read, kept=self.kept, truncated=self.truncated)
         if self.removed_answers:
             out["removed_answers"] = self.removed_answers
+        if self.labelled:
+            out["labelled"] = self.labelled
         out.update({f"dropped/{reason}": n for reason, n in self.dropped.items()})
         return out
 
@@ -64,6 +68,8 @@ class DataSummary:
         rows = [("read", self.read)]
         rows += [(f"  dropped: {reason}", n) for reason, n in self.dropped.items()]
         rows += [("kept", self.kept), ("truncated", self.truncated)]
+        if self.labelled or UNLABELLED in self.dropped:
+            rows += [("kept pairs labelled by people", self.labelled)]
         if self.removed_answers:
             rows += [("ranking answers removed (too long)", self.removed_answers)]
         width = max(len(label) for label, _ in rows)

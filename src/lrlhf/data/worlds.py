@@ -165,6 +165,7 @@ class FilesWorld:
         records, summary = load_records(self.preferences, PREFERENCE_KINDS, verbose=False)
         pairs = [r for r in records if isinstance(r, PreferencePair)]
         deduped = dedup_pairs(pairs, summary) if pairs else []
+        summary.labelled = sum(p.labelled for p in deduped)  # people's labels that reach the splits
         records = deduped + [r for r in records if isinstance(r, Ranking)]
         report["sources"]["preferences"] = summary.as_dict()
         parts = split_by_prompt(records, self.fractions, seed=self.seed)

@@ -5,7 +5,7 @@ always give the same bytes (the toy world's byte-identity test relies on it). Ca
 
 - :class:`SFTExample` -> ``{"messages": [...], **meta}`` (format ``messages``);
 - :class:`PreferencePair` -> ``{"prompt", "chosen", "rejected", **meta}`` plus ``"target"`` when it is
-  not 1.0 (format ``pairwise``; a tie is ``"target": 0.5``);
+  not 1.0 (format ``pairwise``; a tie is ``"target": 0.5``), or ``"label"`` (its target) when a person gave it;
 - :class:`Ranking` -> ``{"prompt", "completions", "ranks", **meta}`` (format ``ranking``);
 - :class:`PromptExample` -> ``{"prompt": [...], **meta}`` (format ``prompt``).
 
@@ -31,7 +31,9 @@ def to_json(record: SFTExample | PreferencePair | Ranking | PromptExample) -> di
         body: dict[str, Any] = {"messages": record.messages}
     elif isinstance(record, PreferencePair):
         body = {"prompt": record.prompt, "chosen": record.chosen, "rejected": record.rejected}
-        if record.target != 1.0:
+        if record.labelled:  # read back as a person's label again
+            body["label"] = record.target
+        elif record.target != 1.0:
             body["target"] = record.target
     elif isinstance(record, Ranking):
         body = {"prompt": record.prompt, "completions": record.completions, "ranks": record.ranks}
@@ -43,6 +45,8 @@ def to_json(record: SFTExample | PreferencePair | Ranking | PromptExample) -> di
         raise TypeError(f"cannot write {type(record).__name__}; expected SFTExample, PreferencePair, "
                         "Ranking or PromptExample")
     clash = sorted(body.keys() & record.meta.keys() | {"tie", "target"} & record.meta.keys())
+    if isinstance(record, PreferencePair) and "label" in record.meta:  # read back as a person's label
+        clash.append("label")
     if clash:
         raise ValueError(f"meta keys {clash} would shadow the record's own fields when read back")
     return {**body, **record.meta}

@@ -26,12 +26,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from lrlhf.data.records import PromptExample
+from lrlhf.data.records import PromptExample, label_value
 from lrlhf.data.toy.annotators import AnnotatorConfig, sample_label
 from lrlhf.data.toy.utility import gold_utility, response_tokens
 from lrlhf.utils.io import atomic_write_text
-
-LABELS = {1.0: 1.0, 0.0: 0.0, 0.5: 0.5, "a": 1.0, "b": 0.0, "tie": 0.5}
 
 
 class Pair(NamedTuple):
@@ -43,12 +41,16 @@ class Pair(NamedTuple):
 
 
 def as_label(value: Any, where: str) -> float:
-    """1.0 / 0.0 / 0.5 from a label (a number or ``a`` / ``b`` / ``tie``); anything else names ``where``."""
-    key = value.lower() if isinstance(value, str) else value
-    if isinstance(key, bool) or not isinstance(key, (int, float, str)) or key not in LABELS:
-        raise ValueError(f"{where}: label {value!r} must be 1 (a / chosen preferred), 0 (b / rejected preferred) "
-                         "or 0.5 (a tie), or 'a', 'b', 'tie'")
-    return LABELS[key]
+    """1.0 / 0.0 / 0.5 from a label (:func:`lrlhf.data.records.label_value`: a number or ``a`` / ``b`` /
+    ``tie``); anything else (null too: an annotator must label) names ``where``."""
+    try:
+        label = label_value(value)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    if label is None:
+        raise ValueError(f"{where}: label None must be 1 (a / chosen preferred), 0 (b / rejected preferred) or 0.5 "
+                         "(a tie), or 'a', 'b', 'tie'")
+    return label
 
 
 class SimulatedAnnotators:

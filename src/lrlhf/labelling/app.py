@@ -1,51 +1,84 @@
 """The labelling page: a Flask app over one :class:`~lrlhf.labelling.store.LabelStore`, served by Werkzeug.
 
-Pages are rendered on the server (Jinja2, autoescaped); model outputs are untrusted, so answers and prompts go
-through markdown-it with raw HTML off and images off (their HTML is shown as text, code as code), and every
-response carries a Content-Security-Policy that allows no inline script and nothing from another origin. The one
-script (``static/label.js``) maps the keys to the buttons. Routes take no file path: the app serves the file it was
-given, its checks and its own static files, nothing else. With a ``token`` every request must carry it (``?token=``
+Pages are rendered on the server (Jinja2, autoescaped). Model outputs are untrusted and people label what they see,
+so prompts and answers are shown as their exact characters (:mod:`lrlhf.labelling.render`: line breaks kept,
+escapes, entities and link targets literal, code fences in a monospace box), with a raw view (the JSON string) one
+key away; every response carries a Content-Security-Policy that allows no inline script and nothing from another
+origin. The one script (``static/label.js``) maps the keys to the buttons. Routes take no file path: the app serves
+the file it was given, its checks and its own static files, nothing else. Requests from another site are refused:
+a POST whose ``Origin`` is not the page's own (or that the browser marks cross-site), and, on a loopback address, a
+``Host`` that is not a loopback name (DNS rebinding). With a ``token`` every request must carry it (``?token=``
 once, then a cookie).
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
+import socket
 import threading
 from pathlib import Path
 
+from lrlhf.labelling.render import raw_html, text_html
 from lrlhf.labelling.store import LabelStore, StaleAction
 
 HERE = Path(__file__).resolve().parent
-KEYS = {"left": "a", "right": "b", "tie": "t", "both_bad": "x", "skip": "s", "undo": "u"}
+KEYS = {"left": "a", "right": "b", "tie": "t", "both_bad": "x", "skip": "s", "undo": "u", "raw": "r"}
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; form-action 'self'; "
        "base-uri 'none'; frame-ancestors 'none'")
 TOKEN_COOKIE = "lrlhf_label_token"
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+LOOPBACK_NAMES = {"127.0.0.1", "localhost", "[::1]", "::1"}  # the Host a browser sends to a loopback server
+UNSPECIFIED = {"0.0.0.0", "::", ""}
+MIN_TOKEN = 16  # characters: a token guessed in few tries protects nothing
 
 
 def need_web():
-    """flask and markdown-it, or an error naming the install command."""
+    """flask, or an error naming the install command."""
     try:
         import flask
-        import markdown_it
     except ImportError as err:
-        raise ImportError(f"the labelling page needs flask and markdown-it-py ({err}): "
-                          "pip install 'lrlhf[label]' (or pip install flask markdown-it-py)") from err
-    return flask, markdown_it
+        raise ImportError(f"the labelling page needs flask ({err}): pip install 'lrlhf[label]' (or pip install "
+                          "flask)") from err
+    return flask
 
 
-def create_app(store: LabelStore, token: str | None = None):
-    flask, markdown_it = need_web()
+def _hostname(host_header: str) -> str:
+    """``127.0.0.1:8765`` -> ``127.0.0.1``; ``[::1]:8765`` -> ``[::1]``."""
+    if host_header.startswith("["):
+        return host_header[: host_header.find("]") + 1]
+    return host_header.rsplit(":", 1)[0] if host_header.count(":") == 1 else host_header
+
+
+def create_app(store: LabelStore, token: str | None = None, loopback: bool | None = None,
+               instructions: str | None = None):
+    """The page for ``store``. ``loopback`` (default: no ``token``): served on a loopback address only, so a
+    request must name a loopback ``Host``. ``instructions``: the labelling guidelines, shown above every pair."""
+    flask = need_web()
     from flask import abort, redirect, render_template, request, url_for
-    from markupsafe import Markup
 
+    loopback = token is None if loopback is None else loopback
     app = flask.Flask("lrlhf.labelling", root_path=str(HERE), template_folder="templates", static_folder="static")
-    md = markdown_it.MarkdownIt("commonmark", {"html": False}).disable("image")
+    app.jinja_env.filters["text"] = text_html
+    app.jinja_env.filters["raw"] = raw_html
+    app.jinja_env.globals["instructions"] = instructions
 
-    @app.template_filter("markdown")
-    def markdown(text: str):
-        return Markup(md.render(text))  # markdown-it escaped every raw tag: safe to insert
+    @app.before_request
+    def check_site():
+        """DNS rebinding (a page of another site whose name resolves to this machine) and cross-site forms."""
+        if loopback and _hostname(request.host) not in LOOPBACK_NAMES:
+            abort(403, f"Host {request.host!r} is not this machine's loopback address")
+        if request.method != "GET":
+            origin = request.headers.get("Origin")
+            fetch_site = request.headers.get("Sec-Fetch-Site")
+            if origin == "null":  # an opaque origin (a sandboxed frame...): only the browser's own word will do
+                if fetch_site != "same-origin":
+                    abort(403, "a request from an opaque origin")
+            elif origin is not None and origin != f"{request.scheme}://{request.host}":
+                abort(403, f"a request from {origin!r}, another site")
+            if fetch_site not in (None, "same-origin", "none"):
+                abort(403, "a cross-site request")
+        return None
 
     @app.before_request
     def check_token():
@@ -60,7 +93,7 @@ def create_app(store: LabelStore, token: str | None = None):
     def headers(response):
         response.headers["Content-Security-Policy"] = CSP
         response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
+        response.headers["Referrer-Policy"] = "same-origin"  # no-referrer would make the page's own Origin "null"
         response.headers["Cache-Control"] = "no-store"
         if token is not None and request.args.get("token") == token:
             response.set_cookie(TOKEN_COOKIE, token, httponly=True, samesite="Strict")
@@ -89,8 +122,9 @@ def create_app(store: LabelStore, token: str | None = None):
                                    last=store.last(name), keys=KEYS)
         swapped = store.swapped(name, item.key)
         left, right = (item.rejected, item.chosen) if swapped else (item.chosen, item.rejected)
+        skipped = item.key in store.annotator(name).decisions  # a skipped pair, come back
         return render_template("label.html", store=store, name=name, item=item, left=left, right=right,
-                               done=done, total=total, last=store.last(name), keys=KEYS)
+                               done=done, total=total, last=store.last(name), keys=KEYS, skipped=skipped)
 
     @app.post("/label/<name>")
     def decide(name: str):
@@ -128,17 +162,25 @@ def create_app(store: LabelStore, token: str | None = None):
 
 
 class Server:
-    """The page served in a background thread (Werkzeug's threaded server): ``url``, ``stop()``."""
+    """The page served in a background thread (Werkzeug's threaded server, its access log off): ``url`` (one a
+    browser can open: this machine's name when bound to every address), ``stop()``."""
 
-    def __init__(self, store: LabelStore, host: str = "127.0.0.1", port: int = 0, token: str | None = None):
+    def __init__(self, store: LabelStore, host: str = "127.0.0.1", port: int = 0, token: str | None = None,
+                 instructions: str | None = None):
         from werkzeug.serving import make_server
 
         if host not in LOOPBACK and not token:
             raise ValueError(f"host={host!r} serves the page beyond this machine: give a token")
-        self.server = make_server(host, port, create_app(store, token), threaded=True)
+        if token is not None and len(token) < MIN_TOKEN:
+            raise ValueError(f"the token has {len(token)} characters: give at least {MIN_TOKEN} (or none: one is "
+                             "drawn)")
+        logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request in the labeller's terminal
+        self.server = make_server(host, port, create_app(store, token, loopback=host in LOOPBACK,
+                                                         instructions=instructions), threaded=True)
         self.host, self.port = host, self.server.server_port
         query = f"?token={token}" if token else ""
-        self.url = f"http://{'[' + host + ']' if ':' in host else host}:{self.port}/{query}"
+        shown = socket.gethostname() if host in UNSPECIFIED else host  # 0.0.0.0 is no address to open
+        self.url = f"http://{'[' + shown + ']' if ':' in shown else shown}:{self.port}/{query}"
         self.thread = threading.Thread(target=self.server.serve_forever, name="lrlhf-label", daemon=True)
 
     def start(self) -> Server:

@@ -6,19 +6,24 @@ A :class:`LabelStore` holds the pairs of one to-label file (the preference forma
 decision and each undo is one line, flushed and fsynced before the page moves on, so a SIGKILL at any moment loses
 at most the decision in flight (a torn last line is dropped and cut off when the log is opened again). The state is
 the replay of the logs; a decision is taken only for the item the annotator is on, so a resubmitted form or a retry
-after a restart never records a pair twice.
+after a restart never records a pair twice. Each decision carries a hash of what was shown (the conversation and
+both answers): a log whose pair changed under it is matched to the pair with that content, or refused; a label never
+moves to another pair.
 
 Each annotator sees every item once, in the file's order with the checks mixed in at seeded places, the two answers
-of each in a seeded order (left / right, recorded with the decision). A decision is ``chosen`` / ``rejected`` (as
-written in the file), ``tie``, ``both_bad`` or ``skip``. When ``budget`` pairs (all by default) have a decision, the
-labelled file (``<stem>.labelled.jsonl``, the file :class:`lrlhf.eval.annotators.FileExchange` reads) is written
-atomically: every pair's record with its ``id``, its ``label`` (1: ``chosen`` better, 0: ``rejected``, 0.5: a tie,
-null: no label; several annotators: the mean of their labels, rounded to 1 / 0 / 0.5) and its ``annotations``; it is
-written again after each later decision while the budget holds.
+of each in a seeded order (left / right, recorded with the decision); a skipped pair comes back after the others. A
+decision is ``chosen`` / ``rejected`` (as written in the file), ``tie``, ``both_bad`` or ``skip``. When ``budget``
+pairs (all by default) have a decision that is not a skip, and at least one has a label, the labelled file
+(``<stem>.labelled.jsonl``, the file :class:`lrlhf.eval.annotators.FileExchange` and every preference reader read) is
+written atomically: every pair's record with its ``id``, its ``label`` (1: ``chosen`` better, 0: ``rejected``, 0.5:
+a tie, null: no label; several annotators: the mean of their labels, rounded to 1 / 0 / 0.5) and its
+``annotations``. Once written it is kept equal to the logs: rewritten after every later decision and undo (also
+below the budget, and when the store is opened again).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -33,7 +38,7 @@ from lrlhf.utils.io import atomic_write_text
 
 CHOICES = ("chosen", "rejected", "tie", "both_bad", "skip")
 LABEL_OF = {"chosen": 1.0, "rejected": 0.0, "tie": 0.5, "both_bad": None, "skip": None}
-NAME = re.compile(r"[A-Za-z0-9_.-]{1,40}")
+NAME = re.compile(r"(?!\.+$)[A-Za-z0-9_.-]{1,40}")  # never "." or "..": a name is a file name
 
 
 class StaleAction(Exception):
@@ -43,7 +48,8 @@ class StaleAction(Exception):
 @dataclass(frozen=True)
 class Item:
     """One pair to compare: ``key`` (the pair's ``id`` as text, or ``check-<i>``), the conversation before the
-    answers as ``(role, text)`` turns, and the two answers as written (``chosen``, ``rejected``)."""
+    answers as ``(role, text)`` turns, the two answers as written (``chosen``, ``rejected``) and ``digest``, a hash
+    of the three that every decision on the item carries."""
 
     key: str
     turns: tuple[tuple[str, str], ...]
@@ -51,6 +57,11 @@ class Item:
     rejected: str
     record: dict
     check: bool = False
+
+    @property
+    def digest(self) -> str:
+        content = json.dumps([self.turns, self.chosen, self.rejected], ensure_ascii=False)
+        return hashlib.sha256(content.encode("utf-8")).hexdigest()[:20]
 
 
 def _text(messages: list[dict]) -> str:
@@ -60,40 +71,53 @@ def _text(messages: list[dict]) -> str:
     return "\n\n".join(f"**{m['role']}:** {m['content']}" for m in messages)
 
 
-def read_items(path: Path, check: bool = False) -> list[Item]:
+#: a labelled file's own fields: a file already labelled is labelled again from its pairs, not from its labels
+LABEL_FIELDS = ("label", "annotations")
+
+
+def read_items(path: Path, check: bool = False, format: str = "auto") -> tuple[list[Item], dict[str, int]]:
     """The pairs of a local preference file in any format lrlhf reads (its own ``prompt`` / ``chosen`` /
-    ``rejected``, HH-RLHF's transcripts, ShareGPT / LLaMA-Factory pairs...; JSONL, a JSON list, gzip, parquet): a
-    bad record names the file and line."""
+    ``rejected``, HH-RLHF's transcripts, ShareGPT / LLaMA-Factory pairs...; JSONL, a JSON list, gzip, parquet), and
+    the records dropped by reason, as training drops them (no shared prefix, identical answers). A bad record names
+    the file and line. ``id`` (an integer or a string) is the pair's key; without one, the pair's index."""
     from lrlhf.data.conversations import SkipRecord
+    from lrlhf.data.format_errors import DataFormatError
     from lrlhf.data.formats.reading import read_record
     from lrlhf.data.sources import read_rows
+    from lrlhf.data.summary import IDENTICAL
 
     if not path.is_file():
         raise ValueError(f"{path}: cannot read it: not a file")
     rows, _ = read_rows(path)
-    items, seen = [], set()
-    for raw in rows:
+    items, seen, dropped = [], set(), {}
+    for index, raw in enumerate(rows):
         record, where = raw.row, raw.where
         try:
-            pair = read_record(record, "preference", where=where, source=path.name)
+            pair = read_record({k: v for k, v in record.items() if k not in LABEL_FIELDS}, "preference",
+                               format=format, where=where, source=path.name)
         except SkipRecord as skip:
-            raise ValueError(f"{where}: not a pair to label ({skip.reason})") from None
-        index = len(items)
+            dropped[skip.reason] = dropped.get(skip.reason, 0) + 1
+            continue
+        except DataFormatError as err:
+            raise ValueError(str(err).replace("Pass format= to choose one", "Pass --format to choose one")) from None
+        if pair.chosen == pair.rejected:
+            dropped[IDENTICAL] = dropped.get(IDENTICAL, 0) + 1
+            continue
         pair_id = record.get("id", index)
         if check:
-            key = f"check-{index}"
-        elif isinstance(pair_id, int) and not isinstance(pair_id, bool):
+            key = f"check-{len(items)}"
+        elif isinstance(pair_id, (int, str)) and not isinstance(pair_id, bool) and str(pair_id).strip():
             key = str(pair_id)
         else:
-            raise ValueError(f"{where}: `id` must be an integer, got {pair_id!r}")
+            raise ValueError(f"{where}: `id` must be an integer or a non-empty string, got {pair_id!r}")
         if key in seen:
-            raise ValueError(f"{where}: `id` {pair_id} appears twice")
+            raise ValueError(f"{where}: `id` {pair_id!r} appears twice")
         seen.add(key)
         turns = tuple((m["role"], m["content"]) for m in pair.prompt)
         items.append(Item(key, turns, _text(pair.chosen), _text(pair.rejected), {**record, "id": pair_id}, check))
     if not items and not check:
-        raise ValueError(f"{path}: no pairs to label")
-    return items
+        raise ValueError(f"{path}: no pairs to label" + (f" (dropped: {dropped})" if dropped else ""))
+    return items, dropped
 
 
 def labelled_path(path: Path) -> Path:
@@ -110,21 +134,25 @@ def _now() -> tuple[str, float]:
 
 
 class AnnotatorLog:
-    """One annotator's decisions, replayed from and appended to their log file."""
+    """One annotator's decisions, replayed from and appended to their log file. ``resolve(event, where)`` gives the
+    key of the item a logged decision was about (its content may have moved in the file); ``moved`` counts the
+    decisions found under another key than the one logged."""
 
-    def __init__(self, path: Path, name: str):
+    def __init__(self, path: Path, name: str, resolve=None):
         self.path, self.name = path, name
         self.decisions: dict[str, dict] = {}  # key -> the decision's line, in the order given
+        self.moved = 0
         if path.is_file():
-            self._replay()
+            self._replay(resolve or (lambda event, where: event["key"]))
 
-    def _replay(self) -> None:
+    def _replay(self, resolve) -> None:
         data = self.path.read_bytes()
         good = len(data) if data.endswith(b"\n") or not data else data.rfind(b"\n") + 1
         if good < len(data):  # the line in flight when the server was killed: dropped, cut off before appending
             with open(self.path, "r+b") as f:
                 f.truncate(good)
                 os.fsync(f.fileno())
+        renamed: dict[str, str] = {}  # a key as logged -> the item's key now
         for number, line in enumerate(data[:good].decode("utf-8").splitlines(), start=1):
             if not line.strip():
                 continue
@@ -133,11 +161,19 @@ class AnnotatorLog:
                 event = json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{where}: not JSON: {err}") from err
-            key = event.get("key") if isinstance(event, dict) else None
-            if event.get("event") == "label" and key not in self.decisions and event.get("choice") in CHOICES:
-                self.decisions[key] = event
-            elif event.get("event") == "undo" and self.decisions and next(reversed(self.decisions)) == key:
-                del self.decisions[key]
+            logged = event.get("key") if isinstance(event, dict) else None
+            if not isinstance(event, dict) or not isinstance(logged, str):
+                raise ValueError(f"{where}: not a decision or an undo of the last one: {line[:200]}")
+            if event.get("event") == "label" and event.get("choice") in CHOICES:
+                key = renamed[logged] = resolve(event, where)
+                self.moved += key != logged
+                if key in self.decisions and self.decisions[key]["choice"] != "skip":
+                    raise ValueError(f"{where}: a second decision on item {key} (not after a skip)")
+                self.decisions.pop(key, None)
+                self.decisions[key] = {**event, "key": key}
+            elif event.get("event") == "undo" and self.decisions and \
+                    next(reversed(self.decisions)) == renamed.get(logged, logged):
+                del self.decisions[renamed.get(logged, logged)]
             else:
                 raise ValueError(f"{where}: not a decision or an undo of the last one: {line[:200]}")
 
@@ -154,11 +190,14 @@ class LabelStore:
     ``out_dir``); thread-safe."""
 
     def __init__(self, path: str | Path, checks: str | Path | None = None, budget: int | None = None,
-                 seed: int = 0, out_dir: str | Path | None = None):
+                 seed: int = 0, out_dir: str | Path | None = None, format: str = "auto"):
         self.path = Path(path)
-        self.pairs = read_items(self.path)
-        self.checks = read_items(Path(checks), check=True) if checks else []
+        self.pairs, self.dropped = read_items(self.path, format=format)
+        self.checks = read_items(Path(checks), check=True)[0] if checks else []
         self.items = {item.key: item for item in [*self.pairs, *self.checks]}
+        self.by_digest: dict[str, list[str]] = {}
+        for item in self.items.values():
+            self.by_digest.setdefault(item.digest, []).append(item.key)
         if budget is not None and not 0 < budget <= len(self.pairs):
             raise ValueError(f"budget must be between 1 and the {len(self.pairs)} pairs of {self.path}, got {budget}")
         self.budget = len(self.pairs) if budget is None else budget
@@ -177,15 +216,31 @@ class LabelStore:
     # ------------------------------------------------------------------ per annotator
     def annotator(self, name: str) -> AnnotatorLog:
         if not NAME.fullmatch(name or ""):
-            raise ValueError(f"annotator name {name!r}: use 1-40 letters, digits, '.', '_' or '-'")
+            raise ValueError(f"annotator name {name!r}: use 1-40 letters, digits, '.', '_' or '-' (not only dots)")
         if name not in self.logs:
-            log = AnnotatorLog(self.log_dir / f"{name}.jsonl", name)
-            unknown = [k for k in log.decisions if k not in self.items]
-            if unknown:
-                raise ValueError(f"{log.path}: decisions for items {unknown[:5]} that {self.path} and the checks "
-                                 "do not hold (labels of another file?)")
+            log = AnnotatorLog(self.log_dir / f"{name}.jsonl", name, self._resolve)
+            if log.moved:
+                print(f"lrlhf label: {log.path}: {log.moved} decision(s) matched by content to pairs whose place in "
+                      f"{self.path.name} changed", flush=True)
             self.logs[name] = log
         return self.logs[name]
+
+    def _resolve(self, event: dict, where: str) -> str:
+        """The key of the item a logged decision was about: its own key while the item there has the content the
+        decision saw, else the one item with that content; a decision whose content is gone is refused."""
+        key, digest = event["key"], event.get("hash")
+        if not isinstance(digest, str):
+            raise ValueError(f"{where}: a decision without the `hash` of the pair it was about (written by an "
+                             "earlier lrlhf): label the file again into a new --out folder")
+        if key in self.items and self.items[key].digest == digest:
+            return key
+        matches = self.by_digest.get(digest, [])
+        if len(matches) == 1:
+            return matches[0]
+        what = "no pair" if not matches else f"{len(matches)} pairs"
+        raise ValueError(f"{where}: the decision on item {key} was about a pair that {self.path} now has {what} "
+                         "with the same prompt and answers: the file changed under its labels (put the file back as "
+                         "it was, or label it into a new --out folder)")
 
     def queue(self, name: str) -> list[str]:
         """The keys in the order ``name`` sees them: the pairs in file order, each check at a seeded place."""
@@ -200,12 +255,16 @@ class LabelStore:
         return random.Random(f"lrlhf-label-order:{self.seed}:{name}:{key}").random() < 0.5
 
     def current(self, name: str) -> Item | None:
-        """The item ``name`` is on (None when they have seen every item)."""
+        """The item ``name`` is on: the first in their queue without a decision, then the skipped ones in the order
+        they were skipped (None when every item has a decision other than a skip)."""
         decided = self.annotator(name).decisions
-        return next((self.items[k] for k in self.queue(name) if k not in decided), None)
+        fresh = next((self.items[k] for k in self.queue(name) if k not in decided), None)
+        return fresh or next((self.items[k] for k, e in decided.items() if e["choice"] == "skip"), None)
 
     def progress(self, name: str) -> tuple[int, int]:
-        return len(self.annotator(name).decisions), len(self.items)
+        """(items ``name`` decided, skips left out; all items)."""
+        decided = self.annotator(name).decisions.values()
+        return sum(e["choice"] != "skip" for e in decided), len(self.items)
 
     def last(self, name: str) -> str | None:
         decided = self.annotator(name).decisions
@@ -226,10 +285,12 @@ class LabelStore:
             if choice not in CHOICES:
                 raise ValueError(f"choice must be one of left, right, {', '.join(CHOICES)}; got {choice!r}")
             stamp, t = _now()
-            event = {"event": "label", "key": key, "id": item.record["id"], "annotator": name, "choice": choice,
+            event = {"event": "label", "key": key, "hash": item.digest, "id": item.record["id"], "annotator": name,
+                     "choice": choice,
                      "label": LABEL_OF[choice], "left": "rejected" if swapped else "chosen", "check": item.check,
                      "comment": str(comment)[:2000], "time": stamp, "t": t}
             log.append(event)
+            log.decisions.pop(key, None)  # a skipped item decided now: the decision moves to the end
             log.decisions[key] = event
             self._write_labelled()
             return event
@@ -247,15 +308,17 @@ class LabelStore:
 
     # ------------------------------------------------------------------ the labelled file
     def _decided_pairs(self) -> int:
-        return sum(any(item.key in log.decisions for log in self.logs.values()) for item in self.pairs)
+        """Pairs with a decision other than a skip from anyone (a skip is not a decision about the pair)."""
+        return sum(any(log.decisions.get(item.key, {}).get("choice", "skip") != "skip" for log in self.logs.values())
+                   for item in self.pairs)
 
     def _labelled_enough(self) -> bool:
-        return self._decided_pairs() >= self.budget
+        """The budget holds and at least one pair has a label: a round never goes on with no labels at all."""
+        return self._decided_pairs() >= self.budget and any(row["label"] is not None for row in self.labelled_rows())
 
-    def _write_labelled(self) -> None:
-        if not self._labelled_enough():
-            return
-        lines = []
+    def labelled_rows(self, only_labelled: bool = False) -> list[dict]:
+        """Every pair's record with its ``label`` and ``annotations`` (``only_labelled``: the pairs with a label)."""
+        rows = []
         for item in self.pairs:
             notes = [log.decisions[item.key] for log in self.logs.values() if item.key in log.decisions]
             labels = [n["label"] for n in notes if n["label"] is not None]
@@ -263,9 +326,28 @@ class LabelStore:
             label = None if mean is None else 1.0 if mean > 0.5 else 0.0 if mean < 0.5 else 0.5
             annotations = [{k: n[k] for k in ("annotator", "choice", "label", "left", "comment", "time")}
                            for n in notes]
-            lines.append(json.dumps({**item.record, "label": label, "annotations": annotations}, ensure_ascii=False))
-        atomic_write_text(self.out, "".join(line + "\n" for line in lines))
-        self.complete.set()
+            if label is not None or not only_labelled:
+                rows.append({**item.record, "label": label, "annotations": annotations})
+        return rows
+
+    def _write_labelled(self) -> None:
+        """Write the labelled file once the budget holds; once written, keep it equal to the logs (an undo, also
+        below the budget, takes its label out of the file)."""
+        enough = self._labelled_enough()
+        if not enough and not self.out.exists():
+            return
+        atomic_write_text(self.out, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in self.labelled_rows()))
+        if enough:
+            self.complete.set()
+        else:
+            self.complete.clear()
+
+    def export(self, path: str | Path) -> int:
+        """Write the labelled pairs only (no unlabelled, skipped or both-bad pair) to ``path``; their count."""
+        rows = self.labelled_rows(only_labelled=True)
+        atomic_write_text(Path(path), "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+        return len(rows)
 
 
-__all__ = ["CHOICES", "AnnotatorLog", "Item", "LabelStore", "StaleAction", "labelled_path", "read_items"]
+__all__ = ["CHOICES", "LABEL_FIELDS", "AnnotatorLog", "Item", "LabelStore", "StaleAction", "labelled_path",
+           "read_items"]

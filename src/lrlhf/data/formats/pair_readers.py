@@ -7,6 +7,7 @@ import math
 from typing import Any
 
 from lrlhf.data.conversations import (
+    SkipRecord,
     check_continuation,
     check_prompt,
     conversation,
@@ -17,13 +18,28 @@ from lrlhf.data.conversations import (
     with_system,
 )
 from lrlhf.data.formats.registry import _Ctx, _register
-from lrlhf.data.records import PreferencePair, Ranking
+from lrlhf.data.records import PreferencePair, Ranking, label_value
+from lrlhf.data.summary import UNLABELLED
 
 # --- preferences ---------------------------------------------------------------------------------------
 
 
-#: a pair's optional label fields: an explicit tie, P(chosen wins), or the two answers' scores (UltraFeedback)
-LABEL_KEYS = ("tie", "target", "score_chosen", "score_rejected")
+#: a pair's optional label fields: a person's ``label`` (``lrlhf label``, the iterative loop's file exchange), an
+#: explicit tie, P(chosen wins), or the two answers' scores (UltraFeedback). When a row has the key ``label`` it
+#: decides alone (the labelled file keeps the input's ``target``): 1 / 0 / 0.5 (:func:`label_value`), null = not a
+#: training pair (dropped and counted as ``unlabelled``); a pair labelled 0 is read with its answers swapped.
+LABEL_KEYS = ("label", "tie", "target", "score_chosen", "score_rejected")
+
+
+def _people_label(row: dict[str, Any], ctx: _Ctx) -> float:
+    """The row's ``label`` (the key is present), or :class:`SkipRecord` (``unlabelled``) when it is null."""
+    try:
+        label = label_value(row["label"])
+    except ValueError as err:
+        raise ctx.error(f"field {err}") from None
+    if label is None:
+        raise SkipRecord(UNLABELLED)
+    return label
 
 
 def _target(row: dict[str, Any], ctx: _Ctx) -> float:
@@ -49,8 +65,15 @@ def _pair(prompt, chosen, rejected, row, ctx) -> PreferencePair:
     check_prompt(prompt, ctx, "prompt")
     check_continuation(chosen, ctx, "chosen")
     check_continuation(rejected, ctx, "rejected")
-    return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, target=_target(row, ctx),
-                          source=ctx.source, meta=ctx.meta(row))
+    labelled = "label" in row  # a person's decision: over target / tie / scores
+    if labelled:
+        target = _people_label(row, ctx)
+        if target < 0.5:
+            chosen, rejected, target = rejected, chosen, 1.0 - target
+    else:
+        target = _target(row, ctx)
+    return PreferencePair(prompt=prompt, chosen=chosen, rejected=rejected, target=target,
+                          source=ctx.source, meta=ctx.meta(row), labelled=labelled)
 
 
 @_register("preference", "sharegpt_pairwise", ("conversations", "chosen", "rejected"),

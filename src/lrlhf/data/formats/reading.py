@@ -119,6 +119,7 @@ def load_records(
             summary.drop(reason)
         else:
             records.append(record)
+            summary.labelled += isinstance(record, PreferencePair) and record.labelled
     logger.info("%s", summary)
     if verbose:
         print(summary)
