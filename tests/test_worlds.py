@@ -146,25 +146,6 @@ def test_building_a_reward_model_judge_leaves_the_rng_alone(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- the pipeline
-@pytest.fixture(scope="module")
-def tiny_real_model(tmp_path_factory, smollm2_config):
-    """A 1.6M-parameter Llama with SmolLM2's real tokenizer and chat template: the real data path in seconds."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from lrlhf.models import load_tokenizer
-
-    tokenizer = load_tokenizer(smollm2_config)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id))
-    folder = tmp_path_factory.mktemp("tiny_real")
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
 LIMITS = ["world.limits.pref_train=24", "world.limits.pref_val=6", "world.limits.pref_test=12",
           "world.limits.judge_train=24", "world.limits.judge_val=6", "world.limits.eval_prompts=6",
           "world.limits.rl_prompts=16", "world.limits.sft_train=24", "world.limits.sft_val=6"]

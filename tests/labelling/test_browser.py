@@ -130,3 +130,71 @@ def test_label_ten_pairs_in_chromium_with_undo_reload_and_restart(tmp_path, driv
     assert "alice" in driver.find_element(By.ID, "annotators").text
     if shot:
         assert Path(shot).is_file()
+
+
+def _labelled_world_seed(rows: list[dict]) -> int:
+    """The first world seed whose split of these prompts leaves no file of the world empty (10 pairs over six
+    splits: found with the world's own split function, not by hand)."""
+    from lrlhf.data.records import PreferencePair
+    from lrlhf.data.splits import split_by_prompt
+    from lrlhf.data.worlds import FilesWorld
+
+    fractions = FilesWorld(preferences="x.jsonl", fractions=SPLIT_SHARES).fractions
+    pairs = [PreferencePair([{"role": "user", "content": r["prompt"]}], [], []) for r in rows]
+    for seed in range(200):
+        if all(split_by_prompt(pairs, fractions, seed=seed).values()):
+            return seed
+    raise AssertionError("no seed splits 10 pairs into six non-empty splits")
+
+
+SPLIT_SHARES = {"pref_train": 0.3, "pref_val": 0.1, "pref_test": 0.15, "judge_train": 0.15, "judge_val": 0.15,
+                "eval": 0.15}
+
+
+@pytest.mark.slow
+def test_labels_given_on_the_page_are_what_the_reward_model_trains_on(tmp_path, driver, label_server,
+                                                                        tiny_real_model):
+    """Issue #49: 10 pairs labelled in the browser against the file's order (the `rejected` answer preferred each
+    time), then `recipe=rm world=files world.preferences=<the labelled file>`: every pair reaches the world's splits
+    the way the person labelled it, and the data summaries count 10 pairs labelled by people."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from test_cli import _train
+
+    rows = [{"prompt": f"Which planet is number {i} from the sun, in one line?",
+             "chosen": f"Planet {i} is the one you asked about.\nIt is far.",
+             "rejected": f"Planet {i}:\n- far\n- cold\n\n`{i}` \\\" &amp; [link]: https://example.org/{i}"}
+            for i in range(10)]  # no ids: labels bound to the pairs' content
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    rejected = {r["rejected"] for r in rows}
+    server = label_server(path)
+    driver.get(server.url)
+    driver.find_element(By.ID, "annotator").send_keys("bob")
+    driver.find_element(By.ID, "start").click()
+    for step in range(10):
+        WebDriverWait(driver, 30).until(
+            lambda d, s=step: d.execute_script("var e = document.getElementById('progress'); "
+                                               "return e && e.textContent") == f"{s + 1} / 10")
+        shown = [driver.execute_script(f"return document.getElementById('text-{x}').textContent") for x in "ab"]
+        assert all(text in rejected or text in {r["chosen"] for r in rows} for text in shown), shown  # exact
+        driver.find_element(By.TAG_NAME, "body").send_keys("a" if shown[0] in rejected else "b")
+    WebDriverWait(driver, 30).until(lambda d: d.find_elements(By.ID, "done"))
+    labelled = tmp_path / "pairs.labelled.jsonl"
+    assert [json.loads(line)["label"] for line in labelled.read_text().splitlines()] == [0.0] * 10
+
+    seed = _labelled_world_seed(rows)
+    shares = [f"world.fractions.{name}={share}" for name, share in SPLIT_SHARES.items()]
+    _train(tmp_path, "recipe=rm", "world=files", f"world.preferences={labelled}", f"world.seed={seed}", *shares,
+           "model=hf", f"model.name_or_path={tiny_real_model}", "hparams=smollm2", "logger=none",
+           f"hydra.run.dir={tmp_path / 'run'}", 'stage_overrides.sft=["trainer.max_steps=2","data.batch_size=2"]',
+           "trainer.max_steps=2", "data.batch_size=2")
+    [world] = (tmp_path / "cache" / "worlds").iterdir()
+    report = json.loads((world / "world.json").read_text())["sources"]["preferences"]
+    assert report["read"] == report["kept"] == report["labelled"] == 10, report
+    pairs = [json.loads(line) for name in ("pref_train", "pref_val", "pref_test", "judge_train", "judge_val")
+             for line in (world / f"{name}.jsonl").read_text().splitlines()]
+    assert pairs and all(p["chosen"][0]["content"] in rejected and p["label"] == 1.0 for p in pairs)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    train = summary["data"]["train"]
+    assert train["labelled"] == train["records"] == sum(1 for _ in (world / "pref_train.jsonl").open()), train

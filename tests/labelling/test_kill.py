@@ -53,8 +53,9 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_label_and_writes_none_t
                 state = json.loads(opener.open(server.url + "api/state/ann", timeout=5).read())
                 if state["current"] is None:
                     break
-                key = state["current"]
-                body = urllib.parse.urlencode({"key": key, "choice": choice_of(key)}).encode()
+                key = state["current"]  # a skipped pair comes back once the rest are decided: then both bad
+                choice = "both_bad" if state["skipped"] else choice_of(key)
+                body = urllib.parse.urlencode({"key": key, "choice": choice}).encode()
                 try:
                     opener.open(server.url + "label/ann", data=body, timeout=5)
                 except urllib.error.HTTPError as err:  # the 303 to the next item: the label is acknowledged
@@ -69,13 +70,17 @@ def test_sigkill_at_random_moments_loses_no_acknowledged_label_and_writes_none_t
     assert len(kills) >= 5, f"only {len(kills)} kills happened during the session"
     log = [json.loads(line) for line in (tmp_path / "round_1.labels" / "ann.jsonl").read_text().splitlines()]
     keys = [e["key"] for e in log]
-    assert all(e["event"] == "label" for e in log) and len(keys) == len(set(keys)) == 100  # none twice
-    assert set(acknowledged) <= set(keys) and len(acknowledged) >= 100 - len(kills)
+    skips = [e["key"] for e in log if e["choice"] == "skip"]
+    decided = [e["key"] for e in log if e["choice"] != "skip"]
+    assert all(e["event"] == "label" for e in log) and len(decided) == len(set(decided)) == 100  # none twice
+    assert len(skips) == len(set(skips)) == 20 and all(choice_of(k) == "skip" for k in skips)  # each skipped once
+    assert set(acknowledged) <= set(keys) and len(acknowledged) >= 120 - len(kills)
     rows = [json.loads(line) for line in (tmp_path / "round_1.labelled.jsonl").read_text().splitlines()]
     assert [r["id"] for r in rows] == list(range(100))
     for row in rows:
         (note,) = row["annotations"]
         written = {"left": note["left"], "right": "rejected" if note["left"] == "chosen" else "chosen"}
-        expected = written.get(choice_of(str(row["id"])), choice_of(str(row["id"])))
+        given = choice_of(str(row["id"]))
+        expected = "both_bad" if given == "skip" else written.get(given, given)
         assert note["choice"] == expected and row["label"] == {"chosen": 1.0, "rejected": 0.0, "tie": 0.5}.get(
             expected), row

@@ -3,12 +3,15 @@ append-only logs, a torn last line dropped and cut off, stale actions never writ
 atomically once the budget holds; several annotators' labels averaged), the checks' accuracy, Cohen's kappa."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from lrlhf.eval.annotators import Pair, read_labels
 from lrlhf.labelling.agreement import cohen_kappa, summarise
 from lrlhf.labelling.store import LabelStore, StaleAction, labelled_path
+
+SHARED_HH = Path(__file__).resolve().parents[3] / "shared" / "data" / "hh-rlhf" / "harmless-base" / "test.jsonl.gz"
 
 
 def write_pairs(path, n, start=0):
@@ -99,18 +102,102 @@ def test_budget_several_annotators_and_skips(tmp_path):
     store.decide("y", "0", "rejected")
     assert not store.out.exists()  # one pair decided, budget 2
     store.decide("y", "1", "skip")
-    rows = jsonl(store.out)
-    # x: 1 and y: 0 average to a tie; a skip is a decision without a label
-    assert [r["label"] for r in rows] == [0.5, None, None, None]
-    assert [len(r["annotations"]) for r in rows] == [2, 1, 0, 0]
+    assert not store.out.exists()  # a skip is no decision about the pair: it does not count toward the budget
     store.decide("x", "1", "both_bad")
+    rows = jsonl(store.out)
+    # x: 1 and y: 0 average to a tie; both bad is a decision without a label
+    assert [r["label"] for r in rows] == [0.5, None, None, None]
+    assert [len(r["annotations"]) for r in rows] == [2, 2, 0, 0]
     store.decide("x", "2", "chosen")
     store.decide("y", "2", "chosen")
     assert [r["label"] for r in jsonl(store.out)] == [0.5, None, 1.0, None]
     with pytest.raises(ValueError, match="budget must be between 1 and the 4 pairs"):
         LabelStore(path, budget=5)
-    with pytest.raises(ValueError, match="annotator name"):
-        store.annotator("../etc")
+    for name in ("../etc", "..", "."):
+        with pytest.raises(ValueError, match="annotator name"):
+            store.annotator(name)
+
+
+def test_skipping_every_pair_completes_nothing_and_skipped_pairs_come_back(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, 3)
+    store = LabelStore(path)
+    for key in "012":
+        store.decide("ann", key, "skip")
+    assert not store.out.exists() and not store.complete.is_set()  # issue #49: skip used to "complete" the file
+    assert store.current("ann").key == "0" and store.progress("ann") == (0, 3)  # the skipped pairs, again
+    store.decide("ann", "0", "both_bad")
+    store.decide("ann", "1", "both_bad")
+    store.decide("ann", "2", "both_bad")
+    assert store.current("ann") is None and not store.complete.is_set()  # no label at all: a round never goes on
+    assert not store.out.exists()
+    store.undo("ann", "2")
+    store.decide("ann", "2", "rejected")
+    assert store.complete.is_set() and [r["label"] for r in jsonl(store.out)] == [None, None, 0.0]
+    again = LabelStore(path)  # replayed: a decision after a skip replaces it
+    assert {k: e["choice"] for k, e in again.logs["ann"].decisions.items()} == {
+        "0": "both_bad", "1": "both_bad", "2": "rejected"}
+
+
+def test_an_undo_below_the_budget_takes_the_label_out_of_the_file_also_after_a_restart(tmp_path):
+    path = tmp_path / "pairs.jsonl"
+    write_pairs(path, 3)
+    store = LabelStore(path, budget=2)
+    store.decide("ann", "0", "chosen")
+    store.decide("ann", "1", "rejected")
+    assert [r["label"] for r in jsonl(store.out)] == [1.0, 0.0, None] and store.complete.is_set()
+    store.undo("ann", "1")  # below the budget: the file no longer holds the undone label
+    assert [r["label"] for r in jsonl(store.out)] == [1.0, None, None] and not store.complete.is_set()
+    store.out.write_text(store.out.read_text().replace("null", "0.0"))  # a stale file (killed before the write)
+    again = LabelStore(path, budget=2)
+    assert [r["label"] for r in jsonl(again.out)] == [1.0, None, None] and not again.complete.is_set()
+    export = tmp_path / "export.jsonl"
+    assert again.export(export) == 1 and [r["id"] for r in jsonl(export)] == [0]  # the labelled pairs only
+
+
+def test_labels_stay_with_their_pair_when_the_file_changes(tmp_path):
+    """Issue #49: in a file without ids a label was tied to the line number; a deleted line moved every label."""
+    path = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": f"question {i}", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(4)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = LabelStore(path)
+    for key, choice in zip("0123", ("chosen", "rejected", "tie", "chosen"), strict=True):
+        store.decide("ann", key, choice, comment=f"on {key}")
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))  # the first line deleted
+    moved = LabelStore(path)  # each label found by its pair's content, none shifted
+    assert [(r["prompt"], r["label"], r["annotations"][0]["comment"]) for r in jsonl(moved.out)] == [
+        ("question 1", 0.0, "on 1"), ("question 2", 0.5, "on 2"), ("question 3", 1.0, "on 3")]
+    assert moved.logs["ann"].moved == 3 and moved.logs["ann"].gone == 1  # question 0's label: its pair is gone
+    rows[2]["chosen"] = "good 2, edited"  # a labelled answer changed: its label is not the new pair's
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    edited = LabelStore(path)
+    assert [r["label"] for r in jsonl(edited.out)] == [1.0, 0.0, None, 1.0]
+    assert edited.current("ann").key == "2" and edited.logs["ann"].gone == 1
+    edited.decide("ann", "2", "rejected")
+    assert [r["label"] for r in jsonl(edited.out)] == [1.0, 0.0, 0.0, 1.0]
+    # string ids are keys as they are
+    path.write_text("".join(json.dumps({**r, "id": f"item-{i}"}) + "\n" for i, r in enumerate(rows)))
+    store = LabelStore(path, out_dir=tmp_path / "other")
+    assert store.current("ann").key == "item-0"
+    store.decide("ann", "item-0", "chosen")
+    assert jsonl(store.log_dir / "ann.jsonl")[0]["id"] == "item-0"
+
+
+def test_records_training_would_drop_are_dropped_and_counted_not_fatal(tmp_path):
+    path = tmp_path / "hh.jsonl"
+    rows = [{"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello.", "rejected": "\n\nHuman: Hi?\n\nAssistant: Go."},
+            {"chosen": "\n\nHuman: A?\n\nAssistant: x", "rejected": "\n\nHuman: B?\n\nAssistant: y"},
+            {"chosen": "\n\nHuman: C?\n\nAssistant: same", "rejected": "\n\nHuman: C?\n\nAssistant: same"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = LabelStore(path)
+    assert [item.key for item in store.pairs] == ["0"]
+    assert store.dropped == {"no_shared_prefix": 1, "identical_chosen_rejected": 1}
+
+
+@pytest.mark.skipif(not SHARED_HH.is_file(), reason="../shared/data (HH-RLHF harmless-base test) is absent")
+def test_the_hh_file_a_world_reads_can_be_labelled(tmp_path):
+    store = LabelStore(SHARED_HH, out_dir=tmp_path)  # issue #49: stopped at line 1255 (no_shared_prefix)
+    assert len(store.pairs) == 2307 and store.dropped == {"no_shared_prefix": 5}
 
 
 def test_checks_are_mixed_in_and_scored(tmp_path):

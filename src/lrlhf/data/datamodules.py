@@ -245,6 +245,9 @@ class ChatDataModule(pl.LightningDataModule):
                   "dropped_reading": dropped_before, "dropped_encoding": encoding,
                   "truncated": stats.truncated - truncated_before,
                   "removed_answers": stats.removed_answers - removed_before}
+        labelled = sum(bool(getattr(r, "labelled", False)) for r in records)  # pairs oriented by a person's label
+        if labelled:
+            report["labelled"] = labelled
         if encoding or report["truncated"] or report["removed_answers"]:
             parts = [f"dropped {', '.join(f'{reason} {n}' for reason, n in encoding.items())}"] if encoding else []
             parts += [f"truncated {report['truncated']}"] if report["truncated"] else []

@@ -150,7 +150,8 @@ def create_app(store: LabelStore, token: str | None = None, loopback: bool | Non
         item = store.current(_name(name))
         done, total = store.progress(name)
         return {"annotator": name, "current": None if item is None else item.key, "done": done, "total": total,
-                "last": store.last(name), "complete": store.complete.is_set()}
+                "last": store.last(name), "complete": store.complete.is_set(),
+                "skipped": item is not None and item.key in store.annotator(name).decisions}
 
     @app.get("/summary")
     def summary():

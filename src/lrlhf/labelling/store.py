@@ -134,16 +134,17 @@ def _now() -> tuple[str, float]:
 
 
 class AnnotatorLog:
-    """One annotator's decisions, replayed from and appended to their log file. ``resolve(event, where)`` gives the
-    key of the item a logged decision was about (its content may have moved in the file); ``moved`` counts the
-    decisions found under another key than the one logged."""
+    """One annotator's decisions, replayed from and appended to their log file. ``resolve(event, where, decided)``
+    gives the key of the item a logged decision was about (its content may have moved in the file), or None when
+    no item has that content any more; such a decision is kept under a key no item has (``gone:<line>``), so it is
+    never shown, labelled or counted but can still be undone. ``moved`` / ``gone`` count them."""
 
     def __init__(self, path: Path, name: str, resolve=None):
         self.path, self.name = path, name
         self.decisions: dict[str, dict] = {}  # key -> the decision's line, in the order given
-        self.moved = 0
+        self.moved = self.gone = 0
         if path.is_file():
-            self._replay(resolve or (lambda event, where: event["key"]))
+            self._replay(resolve or (lambda event, where, decided: event["key"]))
 
     def _replay(self, resolve) -> None:
         data = self.path.read_bytes()
@@ -152,7 +153,7 @@ class AnnotatorLog:
             with open(self.path, "r+b") as f:
                 f.truncate(good)
                 os.fsync(f.fileno())
-        renamed: dict[str, str] = {}  # a key as logged -> the item's key now
+        renamed: dict[str, str] = {}  # a key as logged -> the key it is kept under
         for number, line in enumerate(data[:good].decode("utf-8").splitlines(), start=1):
             if not line.strip():
                 continue
@@ -165,10 +166,14 @@ class AnnotatorLog:
             if not isinstance(event, dict) or not isinstance(logged, str):
                 raise ValueError(f"{where}: not a decision or an undo of the last one: {line[:200]}")
             if event.get("event") == "label" and event.get("choice") in CHOICES:
-                key = renamed[logged] = resolve(event, where)
-                self.moved += key != logged
-                if key in self.decisions and self.decisions[key]["choice"] != "skip":
+                done = {k: e for k, e in self.decisions.items() if e["choice"] != "skip"}
+                key = resolve(event, where, done)
+                if key is None:
+                    key, self.gone = f"gone:{number}", self.gone + 1
+                self.moved += key != logged and not key.startswith("gone:")
+                if key in done:
                     raise ValueError(f"{where}: a second decision on item {key} (not after a skip)")
+                renamed[logged] = key
                 self.decisions.pop(key, None)
                 self.decisions[key] = {**event, "key": key}
             elif event.get("event") == "undo" and self.decisions and \
@@ -219,28 +224,24 @@ class LabelStore:
             raise ValueError(f"annotator name {name!r}: use 1-40 letters, digits, '.', '_' or '-' (not only dots)")
         if name not in self.logs:
             log = AnnotatorLog(self.log_dir / f"{name}.jsonl", name, self._resolve)
-            if log.moved:
-                print(f"lrlhf label: {log.path}: {log.moved} decision(s) matched by content to pairs whose place in "
-                      f"{self.path.name} changed", flush=True)
+            if log.moved or log.gone:
+                print(f"lrlhf label: {self.path.name} changed under {log.path}: {log.moved} decision(s) found by "
+                      f"their pair's content at another place, {log.gone} about pairs the file no longer holds "
+                      "(kept in the log, used for nothing; their places are shown again)", flush=True)
             self.logs[name] = log
         return self.logs[name]
 
-    def _resolve(self, event: dict, where: str) -> str:
+    def _resolve(self, event: dict, where: str, decided: dict) -> str | None:
         """The key of the item a logged decision was about: its own key while the item there has the content the
-        decision saw, else the one item with that content; a decision whose content is gone is refused."""
+        decision saw, else an item with that content (not yet decided); None when no pair has it any more (the
+        decision stays in the log and counts for nothing)."""
         key, digest = event["key"], event.get("hash")
         if not isinstance(digest, str):
             raise ValueError(f"{where}: a decision without the `hash` of the pair it was about (written by an "
                              "earlier lrlhf): label the file again into a new --out folder")
         if key in self.items and self.items[key].digest == digest:
             return key
-        matches = self.by_digest.get(digest, [])
-        if len(matches) == 1:
-            return matches[0]
-        what = "no pair" if not matches else f"{len(matches)} pairs"
-        raise ValueError(f"{where}: the decision on item {key} was about a pair that {self.path} now has {what} "
-                         "with the same prompt and answers: the file changed under its labels (put the file back as "
-                         "it was, or label it into a new --out folder)")
+        return next((k for k in self.by_digest.get(digest, []) if k not in decided), None)
 
     def queue(self, name: str) -> list[str]:
         """The keys in the order ``name`` sees them: the pairs in file order, each check at a seeded place."""
@@ -259,12 +260,13 @@ class LabelStore:
         they were skipped (None when every item has a decision other than a skip)."""
         decided = self.annotator(name).decisions
         fresh = next((self.items[k] for k in self.queue(name) if k not in decided), None)
-        return fresh or next((self.items[k] for k, e in decided.items() if e["choice"] == "skip"), None)
+        return fresh or next((self.items[k] for k, e in decided.items()
+                              if e["choice"] == "skip" and k in self.items), None)
 
     def progress(self, name: str) -> tuple[int, int]:
         """(items ``name`` decided, skips left out; all items)."""
-        decided = self.annotator(name).decisions.values()
-        return sum(e["choice"] != "skip" for e in decided), len(self.items)
+        decided = self.annotator(name).decisions
+        return sum(e["choice"] != "skip" for k, e in decided.items() if k in self.items), len(self.items)
 
     def last(self, name: str) -> str | None:
         decided = self.annotator(name).decisions

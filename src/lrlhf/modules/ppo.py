@@ -47,6 +47,7 @@ from lrlhf.models import ModelConfig, ScalarModel, add_adapters, load_adapter_we
 from lrlhf.models import reference_mode as _reference_mode
 from lrlhf.models.generation import eos_token_ids, sample_with_logprobs
 from lrlhf.models.reward import RewardCalibration, load_calibration
+from lrlhf.modules import rewards as reward_protocol
 from lrlhf.modules.advantages import GAE, AdvantageEstimator, DynamicSampling
 from lrlhf.modules.critic import POLICY, Critic, ValueAdapter
 from lrlhf.modules.group_sharing import GroupSharing
@@ -298,7 +299,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         """``(B,)`` raw scores of prompt + response cut at the stop by the reward source (``self.reward``), given each
         row's prompt record ``meta`` (None: not at hand); a reward model reads its score at the EOS (or last token)."""
         self.prepare_reward()
-        return self.reward.score(query_ids, query_mask, response_ids, masks, meta=meta).scores
+        raw = self.reward.score(query_ids, query_mask, response_ids, masks, meta=meta)
+        return reward_protocol.checked_scores(self.reward, raw, len(response_ids)).scores
 
     @torch.no_grad()
     def reward_scores(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
@@ -308,7 +310,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         if type(self).score is not PPOModule.score:
             return RewardScores(self.score(query_ids, query_mask, response_ids, masks))
         self.prepare_reward()
-        return self.reward.score(query_ids, query_mask, response_ids, masks, meta=meta)
+        raw = self.reward.score(query_ids, query_mask, response_ids, masks, meta=meta)
+        return reward_protocol.checked_scores(self.reward, raw, len(response_ids))
 
     def prepare_reward(self) -> None:
         """A reward source that measures something on the reference's samples before its first score (a mixture's

@@ -193,6 +193,14 @@ class RuleReward(TextReward):
 
     def __post_init__(self):
         self.rules = list(self.rules)
+        for i, rule in enumerate(self.rules):  # checked when planning, before any stage is built
+            if not callable(getattr(rule, "check", None)) and not callable(getattr(rule, "check_record", None)) \
+                    or not isinstance(getattr(rule, "name", None), str):
+                hint = (" (a reward: put it in module.reward_model itself, or as a part of reward=mixture)"
+                        if callable(getattr(rule, "score", None)) else "")
+                raise TypeError(f"module.reward_model.rules[{i}] is a {type(rule).__name__}, not a rule{hint}: a rule "
+                                "has `name`, `gate` and check(prompt, response) -> 1.0 or 0.0 "
+                                "(lrlhf.modules.reward_rules.Rule)")
         names = [r.name for r in self.rules]
         if not self.rules:
             raise ValueError("module.reward_model.rules must hold at least one rule")

@@ -189,7 +189,7 @@ class TextReward(RewardSource):
         prompts, responses = self.texts(query_ids, query_mask, response_ids, masks)
         if meta is not None and len(meta) != len(prompts):
             raise ValueError(f"reward {self.name!r}: {len(meta)} prompt records for {len(prompts)} responses")
-        scores, components = self.score_records(prompts, responses, meta)
+        scores, components = _text_scores(self, self.score_records(prompts, responses, meta), len(prompts))
         for prompt, response, score in zip(prompts, responses, scores, strict=True):
             if not math.isfinite(score):
                 raise InvariantError(f"reward {self.name!r} returned {score} for the response {response[:80]!r} "
@@ -198,6 +198,52 @@ class TextReward(RewardSource):
         return RewardScores(torch.tensor(scores, dtype=torch.float32, device=device), components={
             name: torch.tensor(values, dtype=torch.float32, device=device) for name, values in components.items()
         } or None)
+
+
+TEXT_CONTRACT = ("score_texts / score_records return (scores, components): one float per response, and a dict of "
+                 "named lists of one float per response ({} for none)")
+
+
+def _text_scores(reward: TextReward, result, n: int) -> tuple[list[float], dict[str, list[float]]]:
+    """``result`` of ``reward.score_records`` for ``n`` responses, checked against :data:`TEXT_CONTRACT`; a
+    mismatch names the reward, the contract and what came back."""
+    who = f"reward {reward.name!r} ({type(reward).__name__})"
+    if not (isinstance(result, tuple) and len(result) == 2):
+        shape = f"a {type(result).__name__}" + (f" of {len(result)}" if hasattr(result, "__len__") else "")
+        raise TypeError(f"{who} returned {shape} for {n} responses: {TEXT_CONTRACT}")
+    scores, components = result
+    if isinstance(scores, Tensor):
+        scores = scores.tolist()
+    if not isinstance(scores, Sequence) or isinstance(scores, str) or len(scores) != n:
+        got = f"{len(scores)} scores" if isinstance(scores, Sequence) else f"a {type(scores).__name__}"
+        raise ValueError(f"{who} returned {got} for {n} responses: {TEXT_CONTRACT}")
+    bad = next((s for s in scores if isinstance(s, bool) or not isinstance(s, (int, float))), None)
+    if bad is not None:
+        raise TypeError(f"{who} returned the score {bad!r} ({type(bad).__name__}): {TEXT_CONTRACT}")
+    if not isinstance(components, Mapping) or any(len(v) != n for v in components.values()):
+        raise ValueError(f"{who} returned components {type(components).__name__} not of {n} values each: "
+                         f"{TEXT_CONTRACT}")
+    return [float(s) for s in scores], dict(components)
+
+
+SOURCE_CONTRACT = ("a reward source's score(query_ids, query_mask, response_ids, masks, meta) returns RewardScores("
+                   "scores=(B,) tensor, disagreement=None or (B,), components=None or name -> (B,)) "
+                   "(lrlhf.modules.rewards)")
+
+
+def checked_scores(source, result, n: int) -> RewardScores:
+    """``result`` of ``source.score`` for ``n`` rows, checked against :data:`SOURCE_CONTRACT` (a bare tensor of
+    ``n`` scores is taken as the scores); a mismatch names the source and the contract."""
+    who = f"module.reward_model ({type(getattr(source, 'source', source)).__name__})"
+    if isinstance(result, Tensor):
+        result = RewardScores(result)
+    if not isinstance(result, tuple) or not result or not isinstance(result[0], Tensor):
+        raise TypeError(f"{who} returned a {type(result).__name__}: {SOURCE_CONTRACT}")
+    result = RewardScores(*result)
+    if result.scores.shape != (n,):
+        raise ValueError(f"{who} returned scores of shape {tuple(result.scores.shape)} for {n} responses: "
+                         f"{SOURCE_CONTRACT}")
+    return result
 
 
 @dataclass
@@ -257,4 +303,4 @@ def reward_source(reward_model) -> RewardSource:
 
 
 __all__ = ["FrozenRewardModel", "FunctionReward", "Meta", "RewardAdapter", "RewardEnsemble", "RewardScores",
-           "RewardSource", "TextReward", "model_scores", "reward_source"]
+           "RewardSource", "TextReward", "checked_scores", "model_scores", "reward_source"]
