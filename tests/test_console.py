@@ -162,3 +162,18 @@ def test_sigterm_stops_a_running_ppo_run_which_resumes_to_the_uninterrupted_resu
     straight = load_file(tmp_path / "straight" / "export" / "adapter" / "adapter_model.safetensors")
     resumed = load_file(run / "export" / "adapter" / "adapter_model.safetensors")
     assert straight.keys() == resumed.keys() and all((straight[k] == resumed[k]).all() for k in straight)
+
+
+def test_a_ppo_kind_stage_is_named_by_its_method():
+    """Issue #49: recipe=grpo_lora said "the `ppo` stage" (its stage kind) in its story and its stop message."""
+    from omegaconf import OmegaConf
+
+    from lrlhf.run.training import stage_label
+
+    def cfg(stage, target=None):
+        return OmegaConf.create({"stage": stage, "module": {"advantage": {"_target_": target} if target else None}})
+
+    assert [stage_label(cfg("ppo", f"lrlhf.modules.advantages.{name}")) for name in ("GAE", "RLOO", "GRPO")] == [
+        "ppo", "rloo", "grpo"]
+    assert stage_label(cfg("ppo", "my_pkg.MyEstimator")) == "MyEstimator"
+    assert stage_label(cfg("sft")) == "sft" and stage_label(cfg("ppo")) == "ppo"

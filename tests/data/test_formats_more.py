@@ -163,3 +163,35 @@ def test_tool_schemas_are_rendered_by_the_template_or_refused_with_the_count(tmp
     dm = SFTDataModule(chatml, train=path, batch_size=2, max_length=128)
     with pytest.raises(ValueError, match=r"train split: 1 of 2 records carry tool schemas \('tools'\)"):
         dm.setup("fit")
+
+
+def test_a_persons_label_decides_a_pair_and_null_drops_it(tmp_path):
+    """Issue #49: `label` (what `lrlhf label` writes) was never read: a file labelled "rejected is better" trained
+    as chosen-wins, and unlabelled pairs trained too."""
+    rows = [{"prompt": "q0", "chosen": "a", "rejected": "b", "target": 1.0, "label": 0},  # over the input's target
+            {"prompt": "q1", "chosen": "a", "rejected": "b", "label": None},  # nobody labelled it
+            {"prompt": "q2", "chosen": "a", "rejected": "b", "label": 0.5, "tie": False},  # over tie
+            {"prompt": "q3", "chosen": "a", "rejected": "b", "label": "A"},
+            {"prompt": "q4", "chosen": "a", "rejected": "b", "target": 0.7}]  # no label: the target as before
+    path = _file(tmp_path, "labelled.jsonl", rows)
+    pairs, summary = load_records(path, "preference", verbose=False)
+    assert [(p.prompt[0]["content"], p.chosen[0]["content"], p.target, p.labelled) for p in pairs] == [
+        ("q0", "b", 1.0, True), ("q2", "a", 0.5, True), ("q3", "a", 1.0, True), ("q4", "a", 0.7, False)]
+    assert summary.dropped == {"unlabelled": 1} and summary.labelled == 3
+    assert "kept pairs labelled by people" in str(summary) and summary.as_dict()["labelled"] == 3
+    # written back (a world's splits), the pairs read as labelled again, the same way round
+    from lrlhf.data.formats import write_jsonl
+
+    again, summary = load_records(write_jsonl(pairs, tmp_path / "split.jsonl"), "preference", verbose=False)
+    assert [(p.chosen, p.target, p.labelled) for p in again] == [(p.chosen, p.target, p.labelled) for p in pairs]
+    assert summary.labelled == 3
+    bad = _file(tmp_path, "bad.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b", "label": True}])
+    with pytest.raises(DataFormatError, match=r"bad\.jsonl:1: field label True must be 1 \(a / chosen preferred\)"):
+        load_records(bad, "preference", verbose=False)
+
+
+def test_a_blank_preferred_answer_is_dropped_and_counted(tmp_path):
+    rows = [{"prompt": "q0", "chosen": "  ", "rejected": "b"}, {"prompt": "q1", "chosen": "a", "rejected": ""},
+            {"prompt": "q2", "chosen": "", "rejected": "b", "label": 0}]
+    pairs, summary = load_records(_file(tmp_path, "blank.jsonl", rows), "preference", verbose=False)
+    assert [p.prompt[0]["content"] for p in pairs] == ["q1", "q2"] and summary.dropped == {"empty_chosen": 1}

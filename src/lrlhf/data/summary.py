@@ -11,6 +11,7 @@ from lrlhf.data.format_errors import EmptyDatasetError
 IDENTICAL = "identical_chosen_rejected"
 NO_SHARED_PREFIX = "no_shared_prefix"
 EMPTY_RESPONSE = "empty_response"
+EMPTY_CHOSEN = "empty_chosen"  # a pair whose preferred answer is blank
 DUPLICATE_PROMPT = "duplicate_prompt"
 DUPLICATE_PAIR = "duplicate_pair"
 CONTRADICTORY_PAIR = "contradictory_pair"

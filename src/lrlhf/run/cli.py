@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lrlhf.run.own_reward import replace_target_nodes, settle_own_reward
 from lrlhf.run.planning import (
     OWNER_FILE,
     _building_folder,
@@ -35,7 +36,7 @@ from lrlhf.run.planning import (
     world_of,
 )
 from lrlhf.run.stages import TRAINED_STAGES, kind_of, run_stage
-from lrlhf.run.training import at_folder
+from lrlhf.run.training import at_folder, stage_label
 from lrlhf.utils.console import print_summary
 from lrlhf.utils.distributed import close_process_group
 from lrlhf.utils.errors import InvariantError
@@ -114,6 +115,10 @@ def run(cfg: DictConfig) -> dict:
     check_shared_run_dir(hydra_cfg)
     zero = is_global_zero()
     kind = kind_of(cfg)
+    replace_target_nodes(cfg, overrides)
+    reward_line = settle_own_reward(cfg, overrides)
+    if reward_line and zero:
+        print(reward_line, flush=True)
     todo = plan(cfg, overrides, compose_recipe, inside=None if cfg.cache else run_dir / "stages", recover=zero)
     check_resume(cfg)  # a refused resume must not build the stages first
     if zero:
@@ -164,7 +169,7 @@ def run(cfg: DictConfig) -> dict:
     if zero:
         for name, path in reused.items():
             print(f"reusing the `{name}` stage: {path}")
-        print(f"[{next(number)}/{steps}] the `{cfg.stage}` stage, in {run_dir}")
+        print(f"[{next(number)}/{steps}] the `{stage_label(cfg)}` stage, in {run_dir}")
     summary = run_stage(cfg, run_dir, run_dir, overrides)
     entry = None
     if zero and cfg.cache and kind.trains:  # a later recipe needing this one reuses it

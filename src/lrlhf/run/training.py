@@ -49,6 +49,21 @@ def make_logger(node: DictConfig):
     return instantiate(node)
 
 
+#: what the console calls a PPO-kind stage by its advantage estimator (recipe=grpo_lora runs stage=ppo with GRPO)
+METHOD_OF_ESTIMATOR = {"GAE": "ppo", "RLOO": "rloo", "GRPO": "grpo"}
+
+
+def stage_label(cfg: DictConfig) -> str | None:
+    """The stage's name as the console says it: ``cfg.stage``, or for a PPO-kind stage its method (``grpo``,
+    ``rloo``; a subclass estimator: its class name)."""
+    stage = cfg.get("stage")
+    target = OmegaConf.select(cfg, "module.advantage._target_", default=None)
+    if stage != "ppo" or not isinstance(target, str):
+        return stage
+    name = target.rsplit(".", 1)[-1]
+    return METHOD_OF_ESTIMATOR.get(name, name)
+
+
 def make_trainer(cfg: DictConfig, out_dir: Path):
     """The Trainer of ``cfg.trainer`` with the run's logger and callbacks; every resumable checkpoint stores the run
     config, which a resume is checked against."""
@@ -64,7 +79,7 @@ def make_trainer(cfg: DictConfig, out_dir: Path):
             callback.config = stored
             callback.allowed_config_changes = (*callback.allowed_config_changes, *RESUMABLE_CHANGES)
     # progress in rollouts / steps, a clean stop on SIGTERM / SIGINT
-    callbacks += console_callbacks(cfg.get("stage"), callbacks, cfg.trainer.get("enable_progress_bar", True))
+    callbacks += console_callbacks(stage_label(cfg), callbacks, cfg.trainer.get("enable_progress_bar", True))
     trainer = instantiate(cfg.trainer, logger=logger, callbacks=callbacks, default_root_dir=str(out_dir))
     if logger:
         logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))

@@ -13,7 +13,7 @@ from lrlhf.data.format_errors import DataFormatError
 from lrlhf.data.formats.registry import ALL_TIED, Format, Record, _Ctx, _formats_of, supported_formats
 from lrlhf.data.records import PreferencePair, Ranking, SFTExample
 from lrlhf.data.sources import read_rows
-from lrlhf.data.summary import EMPTY_RESPONSE, IDENTICAL, DataSummary
+from lrlhf.data.summary import EMPTY_CHOSEN, EMPTY_RESPONSE, IDENTICAL, DataSummary
 
 logger = logging.getLogger("lrlhf.data.formats")
 
@@ -66,6 +66,9 @@ def read_record(row: dict[str, Any], kind: str, format: str = "auto", *, where: 
 def _filter_reason(record: Record, drop_identical: bool) -> str | None:
     if isinstance(record, PreferencePair) and drop_identical and record.chosen == record.rejected:
         return IDENTICAL
+    if isinstance(record, PreferencePair) and record.target > 0.5 and not "".join(
+            m["content"] for m in record.chosen).strip():
+        return EMPTY_CHOSEN  # preferred: nothing (a blank answer would teach the RM that silence wins)
     if isinstance(record, SFTExample) and not record.messages[-1]["content"].strip():
         return EMPTY_RESPONSE
     if isinstance(record, Ranking) and len(set(record.ranks)) == 1:

@@ -1,0 +1,69 @@
+"""A reward the user wrote into the config, settled before planning: its own calibration, no reward model it does not
+use, and a node given anew replacing the old one.
+
+- ``module.reward_model`` set on the command line (not through ``reward=...``, whose configs say all this
+  themselves) is the user's reward: unless ``module.calibration`` is set too, it is calibrated as its own (a
+  reward-model folder: that folder's calibration; anything else: none, its raw scores), never by the recipe's reward
+  model's; and unless ``needs.rm`` is set, the RM stage is not built when nothing of the run reads it. One line
+  says which.
+- An override that gives a node with a ``_target_`` (``module.reward_model.parts.format.source={_target_: ...}``)
+  replaces that node: Hydra would merge it into the old one, which keeps the old class's keys (a ``rules`` list
+  passed to a function reward).
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+REWARD_KEY = "module.reward_model"
+
+
+def _key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def replace_target_nodes(cfg: DictConfig, overrides: list[str]) -> None:
+    """Each ``key={_target_: ..., ...}`` override of ``overrides`` sets ``key`` to exactly that node."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    candidates = [o for o in overrides if "=" in o and o.split("=", 1)[1].lstrip().startswith("{")
+                  and "_target_" in o and not o.startswith("~")]
+    if not candidates:
+        return
+    parser = OverridesParser.create()
+    for override in parser.parse_overrides(candidates):
+        value = override.value()
+        if isinstance(value, dict) and "_target_" in value and override.key_or_group.count("/") == 0:
+            with open_dict(cfg):
+                OmegaConf.update(cfg, override.key_or_group, value, merge=False)
+
+
+def settle_own_reward(cfg: DictConfig, overrides: list[str]) -> str | None:
+    """Calibration and ``needs.rm`` for a ``module.reward_model`` given on the command line (module docstring);
+    the line to print, or None when the reward is the recipe's (or a ``reward=`` config's)."""
+    keys = [_key(o) for o in overrides]
+    if OmegaConf.select(cfg, REWARD_KEY, default=None) is None or "reward" in keys or not any(
+            k == REWARD_KEY or k.startswith(REWARD_KEY + ".") for k in keys):
+        return None
+    node = cfg.module._get_node("reward_model")
+    written = OmegaConf.to_yaml(node) if isinstance(node, DictConfig) else str(node._value())
+    folder = None if isinstance(node, DictConfig) else node._value()
+    said = []
+    if "module.calibration" not in keys:
+        with open_dict(cfg):
+            cfg.module.calibration = folder  # a folder's own calibration; a program's raw scores
+        said.append(f"calibrated by its own folder's statistics (module.calibration={folder})" if folder else
+                    "its raw scores, uncalibrated (module.calibration=null; set it to calibrate, e.g. "
+                    "module.calibration={_target_: lrlhf.modules.calibration.ReferenceSamples})")
+    uses_rm = "deps.rm" in written or "deps.rm" in str(cfg.module._get_node("calibration")._value())
+    if "needs.rm" not in keys and OmegaConf.select(cfg, "needs.rm", default=None) and not uses_rm:
+        with open_dict(cfg):
+            cfg.needs.rm = None
+        said.append("no reward-model stage built (needs.rm=null)")
+    if not said:
+        return None
+    target = node.get("_target_", "a reward-model folder") if isinstance(node, DictConfig) else "a reward-model folder"
+    return f"reward: your module.reward_model ({str(target).rsplit('.', 1)[-1]}): {'; '.join(said)}"
+
+
+__all__ = ["replace_target_nodes", "settle_own_reward"]
