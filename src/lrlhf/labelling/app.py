@@ -59,8 +59,10 @@ def create_app(store: LabelStore, token: str | None = None, loopback: bool | Non
 
     loopback = token is None if loopback is None else loopback
     app = flask.Flask("lrlhf.labelling", root_path=str(HERE), template_folder="templates", static_folder="static")
-    app.jinja_env.filters["text"] = text_html
-    app.jinja_env.filters["raw"] = raw_html
+    from markupsafe import Markup  # flask's: the renderers escaped every character, the page inserts them as HTML
+
+    app.jinja_env.filters["text"] = lambda text: Markup(text_html(text))
+    app.jinja_env.filters["raw"] = lambda text: Markup(raw_html(text))
     app.jinja_env.globals["instructions"] = instructions
 
     @app.before_request

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-
-from markupsafe import Markup, escape
+from html import escape
 
 FENCE = re.compile(r"^[ ]{0,3}(`{3,}|~{3,})")
 
@@ -44,16 +43,17 @@ def _blocks(text: str) -> list[tuple[str, str]]:
     return blocks
 
 
-def text_html(text: str) -> Markup:
-    """``text`` as HTML whose text content is ``text`` exactly (see the module docstring)."""
+def text_html(text: str) -> str:
+    """``text`` as HTML whose text content is ``text`` exactly (see the module docstring); every character of
+    ``text`` escaped, so the page may insert it as it is."""
     parts = [f'<pre class="code">{escape(part)}</pre>' if kind == "code"
              else f'<span class="prose">{escape(part)}</span>' for kind, part in _blocks(text)]
-    return Markup("".join(parts))
+    return "".join(parts)
 
 
-def raw_html(text: str) -> Markup:
+def raw_html(text: str) -> str:
     """``text`` as the JSON string a file holds (escapes, quotes and non-printing characters visible)."""
-    return Markup(f'<pre class="raw">{escape(json.dumps(text, ensure_ascii=False))}</pre>')
+    return f'<pre class="raw">{escape(json.dumps(text, ensure_ascii=False))}</pre>'
 
 
 __all__ = ["raw_html", "text_html"]
