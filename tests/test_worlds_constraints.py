@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 from test_cli import _train
-from test_worlds import tiny_real_model  # noqa: F401 (fixture: a tiny Llama with SmolLM2's tokenizer)
 
 from lrlhf.data.constraints import KINDS, instruction
 
@@ -19,7 +18,7 @@ LIMITS = {"rl_prompts": 12, "sft_train": 12, "sft_val": 4, "eval_prompts": 8}
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "llama-factory" / "alpaca_en_demo.json").is_file(),
                     reason="../shared/data is absent (an outside clone)")
-def test_grpo_on_instruction_constraints_runs_end_to_end(tmp_path, tiny_real_model):  # noqa: F811
+def test_grpo_on_instruction_constraints_runs_end_to_end(tmp_path, tiny_real_model):
     run = tmp_path / "run"
     out = _train(tmp_path, "recipe=grpo_constraints", "model=hf", f"model.name_or_path={tiny_real_model}",
                  "hparams=smollm2", "logger=csv", f"hydra.run.dir={run}",

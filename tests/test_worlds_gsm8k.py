@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 from test_cli import _train
-from test_worlds import tiny_real_model  # noqa: F401 (fixture: a tiny Llama with SmolLM2's tokenizer)
 
 from lrlhf.data.formats import load_records
 from lrlhf.data.splits import normalise_prompt, prompt_of
@@ -71,7 +70,7 @@ def test_bad_gsm8k_input_names_the_file_the_line_and_the_key(tmp_path):
 @pytest.mark.slow
 @needs_gsm8k
 @needs_math_verify
-def test_grpo_on_gsm8k_with_the_math_verifier_runs_end_to_end(tmp_path, tiny_real_model):  # noqa: F811
+def test_grpo_on_gsm8k_with_the_math_verifier_runs_end_to_end(tmp_path, tiny_real_model):
     run = tmp_path / "run"
     out = _train(tmp_path, "recipe=grpo_gsm8k", "model=hf", f"model.name_or_path={tiny_real_model}", "hparams=smollm2",
                  "logger=csv", f"hydra.run.dir={run}", *[f"world.limits.{k}={v}" for k, v in LIMITS.items()],
