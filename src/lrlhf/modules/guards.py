@@ -128,6 +128,31 @@ def sampler_self_check(sample, policy_forward, eos_token_ids, pad_token_id: int,
                        "in the sampler self-check (the sampler's log-probs against a teacher-forced forward)")
 
 
+@torch.no_grad()
+def check_engine_sync(engine, policy_forward, query_ids: Tensor, query_mask: Tensor, temperature: float,
+                      precision: Precision, tolerance: float | None, rollout: int, rows: int = 2,
+                      tokens: int = 8) -> dict:
+    """After a weight sync: the rollout engine's teacher-forced log-probs (:meth:`RolloutEngine.logprobs`) of a few
+    fixed tokens (the last ``tokens`` of the first ``rows`` prompts, read again after them) against the trainer's
+    (``policy_forward``, :meth:`PPOModule.policy_forward`); a mean gap above the precision's tolerance stops the run
+    naming it. Returns ``{"mean_gap", "max_gap"}``."""
+    query_ids, query_mask = query_ids[:rows], query_mask[:rows]
+    probe = query_ids[:, -tokens:]
+    gap = (engine.logprobs(query_ids, query_mask, probe, temperature).float()
+           - policy_forward(query_ids, query_mask, probe)[0].float()).abs()
+    stats = {"mean_gap": gap.mean().item(), "max_gap": gap.max().item()}
+    bound = precision.tolerance if tolerance is None else tolerance
+    if not stats["mean_gap"] <= bound:  # NaN fails too
+        raise InvariantError(
+            f"the rollout engine ({type(engine).__name__}) disagrees with the policy being trained after the weight "
+            f"sync of rollout {rollout}: its log-probs of {gap.numel()} fixed tokens differ from the trainer's by "
+            f"{stats['mean_gap']:.4g} nats on average (max {stats['max_gap']:.4g}; tolerance {bound:g} under "
+            f"{precision.label}). It would sample from other weights than the policy's: a stale or missing adapter, "
+            "a sync that did not reach the engine, or another precision (module.config.first_ratio_tolerance sets "
+            "the tolerance)")
+    return stats
+
+
 def on_every_rank(check, *args) -> dict | None:
     """``check(*args)`` (raising :class:`InvariantError`) on every rank; when it fails on any, every rank stops
     (a rank left running would wait for the others in a collective)."""
@@ -184,6 +209,13 @@ class PPOGuards:
         if self.check_invariants:
             on_every_rank(sampler_self_check, sample, policy_forward, eos_token_ids, pad_token_id,
                           batch["input_ids"], batch["attention_mask"], precision, self.first_ratio_tolerance)
+
+    def check_engine(self, engine, policy_forward, batch: dict, temperature: float, precision: Precision,
+                     rollout: int) -> None:
+        """Every rollout, after the engine's weight sync: :func:`check_engine_sync` on the batch's first prompts."""
+        if self.check_invariants:
+            on_every_rank(check_engine_sync, engine, policy_forward, batch["input_ids"], batch["attention_mask"],
+                          temperature, precision, self.first_ratio_tolerance, rollout)
 
     def first_ratio(self, logprobs: Tensor, old_logprobs: Tensor, action_mask: Tensor, precision: Precision,
                     rollout: int) -> float | None:

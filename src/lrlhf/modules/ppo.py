@@ -45,7 +45,8 @@ from lrlhf.functional.off_policy import OffPolicyCorrection
 from lrlhf.functional.rewards import Overlong
 from lrlhf.models import ModelConfig, ScalarModel, add_adapters, load_adapter_weights, load_causal_lm, load_tokenizer
 from lrlhf.models import reference_mode as _reference_mode
-from lrlhf.models.generation import eos_token_ids, sample_with_logprobs
+from lrlhf.models.engines import LocalEngine, RolloutEngine
+from lrlhf.models.generation import eos_token_ids
 from lrlhf.models.reward import RewardCalibration, load_calibration
 from lrlhf.modules import rewards as reward_protocol
 from lrlhf.modules.advantages import GAE, AdvantageEstimator, DynamicSampling
@@ -159,6 +160,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.sharing = GroupSharing(cfg.prefix_sharing, self.advantage.samples_per_prompt, cfg.minibatch_size,
                                     has_critic=self.critic is not None)
         self.guards = PPOGuards(cfg.check_invariants, cfg.first_ratio_tolerance, cfg.recompute_old_logprobs)
+        #: what samples the rollouts (:mod:`lrlhf.models.engines`), synced and checked against the policy each rollout
+        self.engine: RolloutEngine = LocalEngine(cfg.decoding, cfg.decoding_bucket)
         if tokenizer is None and self.model_config is not None:
             tokenizer = load_tokenizer(self.model_config)
         self.tokenizer = tokenizer
@@ -201,6 +204,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         pad = self.tokenizer.pad_token_id
         self.pad_token_id = pad if pad is not None else self.tokenizer.eos_token_id
         self.eos_token_ids = sorted(eos_token_ids(self.model, self.tokenizer))
+        self.engine.sync(self.model)
 
     def use_adapter(self, name: str) -> None:
         """Make ``name`` the active adapter, every adapter trainable (peft's ``set_adapter`` freezes the rest)."""
@@ -272,7 +276,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         """Step 2, the one sampling hook: :class:`Sampled` ``(response_ids, logprobs, values)``, ``(B, R)`` each,
         ``R <= max_new_tokens`` (None = ``module.config.max_new_tokens``), the policy adapter active, no dropout.
 
-        Here :func:`sample_with_logprobs`: temperature sampling (top-k 0, top-p 1) with a KV cache
+        Here the rollout engine's (``self.engine``, :class:`~lrlhf.models.engines.LocalEngine`:
+        :func:`~lrlhf.models.generation.sample_with_logprobs`): temperature sampling (top-k 0, top-p 1) with a KV cache
         (``module.config.decoding``: eager, static or compiled) and the global torch RNG, with each token's
         log-prob under the distribution it was drawn from (the old logprobs) and a shared-trunk critic's values.
         A subclass returning ``Sampled(ids)`` gets them from scoring forwards.
@@ -280,13 +285,11 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.use_adapter(POLICY)
         fsdp_root = self._trainer.strategy.model if self._trainer is not None else None
         with full_params_for_generation(fsdp_root):  # FSDP1 outside the root's forward: unshard the root unit
-            out = sample_with_logprobs(
-                self.model, query_ids, query_mask, max_new_tokens=max_new_tokens or self.config.max_new_tokens,
+            out = self.engine.generate(
+                query_ids, query_mask, max_new_tokens=max_new_tokens or self.config.max_new_tokens,
                 temperature=self.config.temperature, eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id,
                 value_head=self.critic.sampling_head if self.critic is not None else None,
-                synced=forward_is_collective(self.model), decoding=self.config.decoding,
-                bucket=self.config.decoding_bucket,
-            )
+                synced=forward_is_collective(self.model))
         return Sampled(*out)
 
     def generate(self, query_ids: Tensor, query_mask: Tensor) -> Tensor:
@@ -450,6 +453,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.model.eval()  # dropout off in rollouts and updates: the first ratio is 1 (up to kernel rounding)
         seed_rank_stream()  # several ranks: each samples its own stream (a no-op in one process)
         self.guards.start_fit()
+        self.engine.sync(self.model)
         self.compute_precision  # noqa: B018 -- resolved (and announced) under the Trainer's precision
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
@@ -460,6 +464,9 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         if self.guards.self_check_pending:  # once per fit, before the first rollout
             self.guards.check_sampler(self.sample, self.policy_forward, self.eos_token_ids, self.pad_token_id, batch,
                                       self.compute_precision)
+        self.engine.sync(self.model)  # the weights the update left; the engine checked against the policy on them
+        self.guards.check_engine(self.engine, self.policy_forward, batch, self.config.temperature,
+                                 self.compute_precision, self.rollouts_done)
         # 1-6. rollout
         rollout = self.make_rollout(batch)
         if len(rollout) == 0:  # dynamic sampling found no group to learn from on some rank: no update
