@@ -95,7 +95,7 @@ class StaticDecoder:
         self.prompt = prompt
 
     def _cache(self, batch: int):
-        from transformers import StaticCache
+        from lrlhf.utils.compat import static_cache
 
         param = next(self.model.parameters())
         device = param.device
@@ -108,7 +108,7 @@ class StaticDecoder:
             return cache
         while len(caches) >= MAX_CACHES:  # the least recently used shape goes
             caches.pop(next(iter(caches)))
-        caches[key] = StaticCache(config=self.model.config, max_cache_len=self.columns)
+        caches[key] = static_cache(self.model.config, self.columns)  # keys and values each in its own dtype
         return caches[key]
 
     def prefill(self, input_ids, mask, positions):

@@ -10,12 +10,19 @@ this module for the spelling instead of naming one version's:
   defect that made PPO worsen the policy under transformers 5.17. :func:`cache_keyword` reads the name from the
   model's own ``forward`` signature (so remote-code models that kept the old name work too), falling back to
   the installed version for a ``forward`` that only takes ``**kwargs``.
+- **The static cache's dtypes**: a ``StaticCache`` layer allocated its keys and its values both in the keys' dtype
+  up to transformers 5.2x (5.0 and 5.17 do; 5.25 gives each its own). Under bf16 autocast a Llama or Qwen2 attention
+  makes fp32 keys (its rotary embedding promotes them) and bf16 values, so the first value copy failed:
+  ``index_copy_(): self and source expected to have the same dtype`` (the compiled sampler on CUDA under
+  bf16-mixed, issue #46; on a CPU under ``torch.autocast`` too). :func:`static_cache` allocates each in its own.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
+
+import torch
 
 CACHE_KEYWORDS = ("cache", "past_key_values")  # the new spelling first
 
@@ -56,4 +63,30 @@ def transformers_version() -> tuple[int, int]:
     return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
 
 
-__all__ = ["CACHE_KEYWORDS", "cache_keyword", "transformers_version", "unwrap_model"]
+def _values_in_their_own_dtype(layer):
+    """``layer.lazy_initialization`` that then gives the values the dtype of the values it is first given."""
+    allocate = layer.lazy_initialization
+
+    def lazy_initialization(key_states, value_states, *args, **kwargs):
+        allocate(key_states, value_states, *args, **kwargs)
+        if layer.values.dtype != value_states.dtype:
+            layer.values = torch.zeros_like(layer.values, dtype=value_states.dtype)
+            if not torch.compiler.is_compiling():  # the static address a CUDA graph replays on, as upstream marks it
+                torch._dynamo.mark_static_address(layer.values)
+
+    return lazy_initialization
+
+
+def static_cache(config, max_cache_len: int):
+    """A transformers ``StaticCache`` of ``max_cache_len`` columns whose layers hold keys and values each in its
+    own dtype, on every transformers of the range (module docstring)."""
+    from transformers import StaticCache
+
+    cache = StaticCache(config=config, max_cache_len=max_cache_len)
+    for layer in getattr(cache, "layers", ()):
+        if hasattr(layer, "lazy_initialization"):
+            layer.lazy_initialization = _values_in_their_own_dtype(layer)
+    return cache
+
+
+__all__ = ["CACHE_KEYWORDS", "cache_keyword", "static_cache", "transformers_version", "unwrap_model"]
