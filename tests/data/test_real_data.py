@@ -36,7 +36,9 @@ HH_NO_SHARED_PREFIX = [1254, 1688, 1950, 1952, 2036]
 def test_hh_rlhf_harmless_base_test(shared):
     records, summary = load_records(shared / HH, "preference", verbose=False)
     assert summary.format == "hh_rlhf"
-    assert (summary.read, summary.kept, summary.dropped) == (2312, 2307, {"no_shared_prefix": 5})
+    # 4 pairs prefer a blank answer (lines 86, 516, 925, 1103: silence over a harmful reply); an RM taught that
+    # an empty answer wins gives PPO an empty-answer hack, so they are dropped and counted (issue #49)
+    assert (summary.read, summary.kept, summary.dropped) == (2312, 2303, {"no_shared_prefix": 5, "empty_chosen": 4})
 
     with gzip.open(shared / HH, "rt", encoding="utf-8") as f:
         raw = [json.loads(line) for line in f]

@@ -6,9 +6,9 @@ use, and a node given anew replacing the old one.
   reward-model folder: that folder's calibration; anything else: none, its raw scores), never by the recipe's reward
   model's; and unless ``needs.rm`` is set, the RM stage is not built when nothing of the run reads it. One line
   says which.
-- An override that gives a node with a ``_target_`` (``module.reward_model.parts.format.source={_target_: ...}``)
-  replaces that node: Hydra would merge it into the old one, which keeps the old class's keys (a ``rules`` list
-  passed to a function reward).
+- An override that gives a node with a ``_target_`` (``++module.reward_model.parts.format.source={_target_: ...}``)
+  replaces that node: Hydra merges it into the old one, which keeps the old class's keys (a ``rules`` list passed
+  to a function reward); those keys are dropped.
 """
 
 from __future__ import annotations
@@ -22,20 +22,32 @@ def _key(override: str) -> str:
     return override.lstrip("+~").split("=", 1)[0]
 
 
+def _drop_stale_keys(node: DictConfig, value: dict) -> None:
+    """Remove from ``node`` (Hydra's merge of ``value`` into an old node) each key ``value`` does not give, down its
+    nested dicts; the keys it gives keep Hydra's values (their interpolations unresolved)."""
+    for key in [k for k in node.keys() if k not in value]:
+        node.pop(key)
+    for key, inner in value.items():
+        child = node._get_node(key) if key in node else None
+        if isinstance(inner, dict) and isinstance(child, DictConfig):
+            _drop_stale_keys(child, inner)
+
+
 def replace_target_nodes(cfg: DictConfig, overrides: list[str]) -> None:
-    """Each ``key={_target_: ..., ...}`` override of ``overrides`` sets ``key`` to exactly that node."""
+    """Each ``key={_target_: ..., ...}`` override of ``overrides`` leaves at ``key`` exactly the node it gives (the
+    old node's other keys dropped)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     candidates = [o for o in overrides if "=" in o and o.split("=", 1)[1].lstrip().startswith("{")
                   and "_target_" in o and not o.startswith("~")]
     if not candidates:
         return
-    parser = OverridesParser.create()
-    for override in parser.parse_overrides(candidates):
+    for override in OverridesParser.create().parse_overrides(candidates):
         value = override.value()
-        if isinstance(value, dict) and "_target_" in value and override.key_or_group.count("/") == 0:
+        node = OmegaConf.select(cfg, override.key_or_group, default=None)
+        if isinstance(value, dict) and "_target_" in value and isinstance(node, DictConfig):
             with open_dict(cfg):
-                OmegaConf.update(cfg, override.key_or_group, value, merge=False)
+                _drop_stale_keys(node, value)
 
 
 def settle_own_reward(cfg: DictConfig, overrides: list[str]) -> str | None:
