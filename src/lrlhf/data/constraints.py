@@ -9,7 +9,8 @@ The kinds (IFEval's ids in brackets):
 - ``no_commas`` (punctuation:no_comma): no ``,``;
 - ``keyword`` (keywords:existence, one keyword): the word ``word`` appears (case-insensitive, whole word);
 - ``max_words`` (length_constraints:number_words, "less than"): at most ``n`` words;
-- ``end_phrase`` (startend:end_checker): the response ends with ``phrase`` (trailing space ignored);
+- ``end_phrase`` (startend:end_checker): the response ends with ``phrase`` (trailing space, the response's
+  surrounding quotation marks and case ignored, as IFEval's checker does);
 - ``quotation`` (startend:quotation): the whole response is wrapped in double quotation marks;
 - ``bullets`` (detectable_format:number_bullet_lists): exactly ``n`` markdown bullets (lines starting ``* `` or
   ``- ``);
@@ -86,18 +87,19 @@ def satisfied(constraint: dict[str, Any], response: str) -> bool:
         return any(c.isalpha() for c in text) and text == text.lower()
     if kind == "no_commas":
         return bool(text) and "," not in text
-    if kind == "keyword":
-        return re.search(rf"\b{re.escape(constraint['word'])}\b", text, flags=re.I) is not None
+    if kind == "keyword":  # a whole word among Latin letters and digits ("indicator를" holds "indicator")
+        word = re.escape(constraint["word"])
+        return re.search(rf"(?<![A-Za-z0-9]){word}(?![A-Za-z0-9])", text, flags=re.I) is not None
     if kind == "max_words":
         return 0 < len(WORD.findall(text)) <= constraint["n"]
-    if kind == "end_phrase":
-        return text.endswith(constraint["phrase"])
+    if kind == "end_phrase":  # as IFEval: the response's quotation marks stripped, case ignored
+        return text.strip('"').strip().lower().endswith(constraint["phrase"].strip().lower())
     if kind == "quotation":
         return len(text) > 1 and text[0] == '"' and text[-1] == '"'
     if kind == "bullets":
         return len(re.findall(r"^\s*[*-]\s", text, flags=re.M)) == constraint["n"]
     if kind == "json":
-        fenced = re.fullmatch(r"```(?:json|JSON)?\s*(.*?)\s*```", text, flags=re.S)
+        fenced = re.fullmatch(r"```(?:json)?\s*(.*?)\s*```", text, flags=re.S | re.I)  # ```Json too, as IFEval
         try:
             json.loads(fenced.group(1) if fenced else text)
         except ValueError:
