@@ -43,7 +43,7 @@ CASES = [  # (constraint, response, met)
     ({"kind": "json"}, "{'a': 1}", False),
     # the three disagreements with IFEval's own checker on 968 real answers (issue #48 item 5), as IFEval decides
     ({"kind": "json"}, '```Json\n{"name": "Ada", "born": 1815}\n```', True),  # a fence's tag in any case
-    ({"kind": "keyword", "word": "indicator"}, "이 indicator를 보면 추세가 보입니다.", True),  # a Korean particle after it
+    ({"kind": "keyword", "word": "indicator"}, "이 indicator를 보면 추세가 보입니다.", True),  # Korean after it
     ({"kind": "keyword", "word": "indicator"}, "The indicators agree.", False),  # still a whole word among Latin
     ({"kind": "end_phrase", "phrase": "Is there anything else I can help with?"},
      'Paris is the capital.\n\n"Is there anything else I can help with?"', True),  # the phrase in its quotes
