@@ -113,6 +113,8 @@ def test_the_main_command_console_has_no_noise_and_no_warning_of_ours(cache, tmp
                "callbacks.early_stopping.every_n_rollouts=1")  # tiny: 2 rollouts; the full run measures every 10
     text = out.stdout + out.stderr
     assert [n for n in NOISE if n in text] == [], text
+    # issue #50: Lightning's validation bars printed a line per redraw into a pipe (the SFT and RM stages)
+    assert "Validation DataLoader" not in text and "Validation:" not in text, text
     assert not re.search(r"^warning: |src/lrlhf/\S+\.py:\d+: \w*Warning", text, flags=re.M), text
     for stage, unit, n in (("sft", "step", 3), ("rm", "step", 3), ("ppo", "rollout", 2)):
         assert f"{stage} {unit} {n}/{n} |" in out.stdout, out.stdout

@@ -15,11 +15,12 @@ count has no total and is not shown) and counts
   module logs to the progress bar.
 
 The bar of a resumed run starts where the checkpoint left off (its ETA counts only this run's pace). Validation
-keeps Lightning's own bar. On a terminal the bar is redrawn at every update; into a file or a pipe (a
-scheduler's log) at most every ``log_interval`` seconds, and once at the end, where it stays as the stage's
-line: how far it went and how long it took. The bar updates after the other callbacks at a batch end (it moves
-itself behind them at ``setup``, before :class:`~lrlhf.callbacks.StopOnSignal`), so a held-out evaluation at this
-rollout is on this rollout's line; log lines and warnings go above the bar (``lrlhf.utils.console``).
+keeps Lightning's own bar on a terminal, and shows none into a file or a pipe. On a terminal the bar is redrawn at
+every update; into a file or a pipe (a scheduler's log) at most every ``log_interval`` seconds, and once at the
+end, where it stays as the stage's line: how far it went and how long it took. The bar updates after the other
+callbacks at a batch end (it moves itself behind them at ``setup``, before :class:`~lrlhf.callbacks.StopOnSignal`),
+so a held-out evaluation at this rollout is on this rollout's line; log lines and warnings go above the bar
+(``lrlhf.utils.console``).
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
 from lrlhf.callbacks.stop import StopOnSignal
 from lrlhf.utils.console import route_logs_around_bars
+
+
+def _terminal() -> bool:
+    return bool(getattr(sys.stdout, "isatty", lambda: False)())
 
 
 def rollout_plan(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
@@ -111,10 +116,20 @@ class RunProgressBar(TQDMProgressBar):
         trainer, pl_module = self.trainer, self.trainer.lightning_module
         unit, done, total = self.progress(trainer, pl_module)
         self._drawn_at = time.monotonic()
-        self._interactive = bool(getattr(sys.stdout, "isatty", lambda: False)())
+        self._interactive = _terminal()
         return Tqdm(desc=self.stage or type(pl_module).__name__, unit=unit, initial=done, total=total,
                     position=2 * self.process_position, disable=self.is_disabled, leave=True, dynamic_ncols=True,
                     file=sys.stdout, smoothing=0, bar_format=self.TRAIN_FORMAT)
+
+    def init_validation_tqdm(self) -> Tqdm:
+        """Lightning's validation bar on a terminal; none into a file or a pipe, where each of its redraws would
+        be a line of its own (``Validation DataLoader 0: 100%|...`` after every SFT and RM validation)."""
+        if _terminal():
+            return super().init_validation_tqdm()
+        return Tqdm(disable=True, file=sys.stdout)
+
+    def init_sanity_tqdm(self) -> Tqdm:
+        return super().init_sanity_tqdm() if _terminal() else Tqdm(disable=True, file=sys.stdout)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
         pass  # one bar for the whole fit (TQDMProgressBar resets it per epoch)
