@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 from compare_trl import SHAPES, build_model, make_prompts, report_header, summary
-from rm_vs_trl import Baton
+from rm_vs_trl import Baton, step_timers
 
 BETA = 0.04
 
@@ -98,22 +98,14 @@ def theirs(model_dir: Path, prompts, args, callbacks):
 
 
 def run(args) -> dict:
-    from lightning.pytorch import Callback, Trainer
+    from lightning.pytorch import Trainer
     from transformers import TrainerCallback
 
     total = args.warmup + args.iters
     baton = Baton(["ours", "trl"], timeout=1800.0)
     times: dict[str, list[float]] = {"ours": [], "trl": []}
 
-    class OurTimer(Callback):
-        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-            self.start = time.perf_counter()
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            times["ours"].append(time.perf_counter() - self.start)
-            baton.hand_over("trl")
-            if len(times["ours"]) < total:
-                baton.wait("ours")
+    our_timer = step_timers(baton, times, total)[0]  # rm_vs_trl's: ours timed per batch, the baton handed over
 
     class TrlTimer(TrainerCallback):
         steps = 0
@@ -142,7 +134,7 @@ def run(args) -> dict:
         steps = total * module.updates_per_rollout(args.prompts)
         trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                           enable_progress_bar=False, enable_model_summary=False, max_epochs=-1,
-                          num_sanity_val_steps=0, limit_val_batches=0, max_steps=steps, callbacks=[OurTimer()])
+                          num_sanity_val_steps=0, limit_val_batches=0, max_steps=steps, callbacks=[our_timer])
         baton.side_by_side(lambda: trainer.fit(module, datamodule=data), trl.train)
         length = float(trainer.callback_metrics["rollout/length_mean"])
 

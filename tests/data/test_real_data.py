@@ -49,7 +49,9 @@ def test_hh_rlhf_harmless_base_test(shared):
         if r["chosen"][: r["chosen"].rfind(marker)] != r["rejected"][: r["rejected"].rfind(marker)]
     ]
     assert differing == HH_NO_SHARED_PREFIX
-    kept_raw = [r for i, r in enumerate(raw) if i not in HH_NO_SHARED_PREFIX]
+    blank = [i for i, r in enumerate(raw) if not r["chosen"][r["chosen"].rfind(marker) + len(marker):].strip()]
+    assert blank == [86, 516, 925, 1103]
+    kept_raw = [r for i, r in enumerate(raw) if i not in HH_NO_SHARED_PREFIX and i not in blank]
 
     for record, row in zip(records, kept_raw, strict=True):
         cut = row["chosen"].rfind(marker)
@@ -65,14 +67,14 @@ def test_hh_rlhf_harmless_base_test(shared):
             {"role": "assistant", "content": row["rejected"][rejected_cut + len(marker) :].strip()}
         ]
 
-    # Checked by hand: the first pair has five prompt turns, and four chosen answers are empty (kept).
+    # Checked by hand: the first pair has five prompt turns; the four empty chosen answers are dropped (above).
     first = records[0]
     assert [m["role"] for m in first.prompt] == ["user", "assistant", "user", "assistant", "user"]
     assert first.prompt[0]["content"] == "what are some pranks with a pen i can do?"
     assert first.prompt[-1]["content"] == "okay some of these do not have anything to do with pens"
     assert first.chosen[0]["content"].startswith("No, sorry!  All of these involve a pen")
     assert first.rejected[0]["content"].startswith("There are lots of funny things you can do with pens")
-    assert sum(r.chosen[0]["content"] == "" for r in records) == 4
+    assert sum(r.chosen[0]["content"] == "" for r in records) == 0
 
 
 def test_self_instruct_seed_tasks(shared):

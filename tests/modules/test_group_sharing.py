@@ -140,10 +140,11 @@ def test_a_shared_run_trains_through_the_first_ratio_guard(world, tokenizer, tmp
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module, datamodule=PromptDataModule(tokenizer, train=str(world.rl_prompts), batch_size=4,
                                                     max_length=64))
-    # First the sampler self-check's forward (one row per prompt: nothing to share). Then auto shares on the toy
-    # prompts: per rollout the reference's 4 scoring chunks (fp32: the sampler's old log-probs are kept, no policy
-    # scoring forward) and the update's 2 epochs x 2 minibatches of 2 whole groups.
-    assert counter.calls == [False] + [True] * (4 + 4) * 2, counter.calls
+    # First the sampler self-check's forward (one row per prompt: nothing to share). Then per rollout the rollout
+    # engine's weight-sync check (2 rows, not whole groups: unshared), and auto shares on the toy prompts: the
+    # reference's 4 scoring chunks (fp32: the sampler's old log-probs are kept, no policy scoring forward) and the
+    # update's 2 epochs x 2 minibatches of 2 whole groups.
+    assert counter.calls == [False] + ([False] + [True] * (4 + 4)) * 2, counter.calls
     assert trainer.callback_metrics["guard/first_ratio_deviation"] < 1e-5
 
 
