@@ -26,13 +26,14 @@ AdamW lr 1e-5, fp32 on the CPU.
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 import warnings
 from pathlib import Path
 
 import torch
-from compare_trl import SHAPES, build_model, make_prompts, report_header, summary
+from compare_trl import SHAPES, build_model, make_prompts, report_header, summary, timed
 from rm_vs_trl import Baton, step_timers
 
 BETA = 0.04
@@ -104,6 +105,7 @@ def run(args) -> dict:
     total = args.warmup + args.iters
     baton = Baton(["ours", "trl"], timeout=1800.0)
     times: dict[str, list[float]] = {"ours": [], "trl": []}
+    phases: dict[str, list[float]] = {"generate": [], "score": [], "update": []}
 
     our_timer = step_timers(baton, times, total)[0]  # rm_vs_trl's: ours timed per batch, the baton handed over
 
@@ -130,6 +132,7 @@ def run(args) -> dict:
         build_model(model_dir, shape, args.seed)
         prompts = make_prompts(max(64, total * args.prompts), shape["vocab_size"], args.seed)
         module, data = ours(model_dir, prompts, args)
+        module = timed(module, phases)  # generate, score (the rest of the rollout), update
         trl = theirs(model_dir, prompts, args, [TrlTimer()])
         steps = total * module.updates_per_rollout(args.prompts)
         trainer = Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -148,6 +151,8 @@ def run(args) -> dict:
     print("|---|---|---|")
     print(f"| lrlhf PPOModule + GRPO (Lightning), LoRA | {ours_s[0]:.3f} | {ours_s[1]:.3f}-{ours_s[2]:.3f} |")
     print(f"| TRL 1.16 GRPOTrainer, LoRA | {trl_s[0]:.3f} | {trl_s[1]:.3f}-{trl_s[2]:.3f} |")
+    print("our phases (median s):", ", ".join(
+        f"{k} {statistics.median(v[args.warmup:]):.3f}" for k, v in phases.items() if v[args.warmup:]))
     print(f"\nratio ours / TRL (medians): {ours_s[0] / trl_s[0]:.3f}  (target <= 0.5)")
     print("all iterations (s): ours", [round(x, 3) for x in times["ours"]], "TRL", [round(x, 3) for x in times["trl"]])
     return {"ours_s": ours_s, "trl_s": trl_s, "ratio": ours_s[0] / trl_s[0]}
