@@ -36,11 +36,16 @@ CODE = ("Sort with a key:\n\n```python\nsorted(words, key=len)\n```\n\nThis keep
         "(Python's sort is **stable**).")
 
 
+LONG = "x = [" + ", ".join(str(n) for n in range(12000)) + "]"  # one 64k-character code line
+
+
 def answers(i: int) -> tuple[str, str]:
     if i == 0:
         return CODE, "Use `words.sort()`; it sorts by length."
     if i == 3:
         return HOSTILE, "A plain answer."
+    if i == 5:
+        return f"```python\n{LONG}\n```", "A short answer beside a very long line."
     return f"Answer {i}, the careful one.", f"Answer {i}, the hasty one."
 
 
@@ -97,6 +102,11 @@ def test_label_ten_pairs_in_chromium_with_undo_reload_and_restart(tmp_path, driv
             assert '<img src=x onerror="window.pwned = 2">' in " ".join(answer_texts)
             assert driver.find_elements(By.CSS_SELECTOR, ".answer script, .answer img, .turn script") == []
             assert driver.execute_script("return window.pwned === undefined")
+        if any(LONG in text for text in answer_texts):  # issue #49: the page was 344,514 px wide (B off screen)
+            width = driver.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
+            assert width[0] <= width[1], width
+            box = driver.find_element(By.ID, "answer-b").rect
+            assert box["x"] + box["width"] <= width[1], box  # answer B in the window, beside A
         if step % 2 == 0:  # by keyboard
             driver.find_element(By.TAG_NAME, "body").send_keys(keys[step % 3])
         else:  # by mouse, with a comment
