@@ -182,3 +182,32 @@ def test_a_stage_trained_as_the_main_recipe_is_reused_by_a_recipe_that_needs_it(
     out = _train(tmp_path, "recipe=rm", f"hydra.run.dir={tmp_path / 'rm2'}", *shared)
     assert "building the `sft` stage" in out.stdout, out.stdout
     assert not entry.is_symlink() and (entry / "summary.json").is_file()
+
+
+def test_a_moved_cache_is_reused_its_keys_free_of_its_own_path(tmp_path):
+    """Issue #50: a stage's key held the cache folder's absolute path (through ``deps.*`` and ``world.dir``), so a
+    cache moved or shared under another path was rebuilt (the same seed-0 SFT as two entries)."""
+    from omegaconf import open_dict
+    from test_cli import _compose, _dep_composer
+
+    from lrlhf.run.planning import plan
+
+    def planned(cache):
+        cfg = _compose(["recipe=ppo_lora", f"paths.cache_dir={cache}", "paths.run_dir=."])
+        return plan(cfg, [f"paths.cache_dir={cache}"], _dep_composer(cache)), cfg
+
+    first, cfg = planned(tmp_path / "a" / "cache")
+    assert [recipe for recipe, _, _ in first] == ["sft", "rm"]
+    for _, _, out_dir in first:  # as if built
+        out_dir.mkdir(parents=True)
+        (out_dir / "summary.json").write_text("{}")
+    shutil.move(tmp_path / "a" / "cache", tmp_path / "b")
+    again, moved = planned(tmp_path / "b")
+    assert again == []  # every needed stage found in the moved cache
+    assert [Path(p).name for p in moved.deps.values()] == [Path(p).name for p in cfg.deps.values()]
+    assert str(tmp_path / "b") in moved.deps.rm and str(tmp_path / "a") not in str(dict(moved.deps))
+    with open_dict(cfg):
+        cfg.module.config.lr = 1.0  # a changed setting still changes the key
+    from lrlhf.run.planning import stage_key
+
+    assert stage_key(cfg) != stage_key(moved)

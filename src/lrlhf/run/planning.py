@@ -132,11 +132,17 @@ def needed_overrides(cfg: DictConfig, name: str, launch_overrides: list[str], ex
 
 
 def stage_key(cfg: DictConfig) -> str:
-    """A hash of what a stage computes: its resolved config without paths, logger and the like."""
+    """A hash of what a stage computes: its resolved config without paths, logger and the like, and with the
+    cache folder's own path left out of the paths of the stages it reads (a cache moved elsewhere is reused)."""
     from lrlhf import __version__
 
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
-    text = json.dumps(content, sort_keys=True, default=str) + __version__
+    text = json.dumps(content, sort_keys=True, default=str)
+    cache = OmegaConf.select(cfg, "paths.cache_dir", default=None)
+    for form in {str(Path(cache).expanduser()), str(Path(cache).expanduser().resolve())} if cache else ():
+        # the stages a stage reads (deps.*, world.dir) live in the cache: a moved or shared cache keeps its keys
+        text = text.replace(f'"{form}/', '"<paths.cache_dir>/').replace(f'"{form}"', '"<paths.cache_dir>"')
+    text += __version__
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
