@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from oracles import require_oracle
 
 from lrlhf.functional import (
     GSPO,
@@ -150,7 +151,7 @@ def _trl_compute_loss(new, old, ref, adv, mask, *, loss_type, eps_low, eps_high,
     from collections import defaultdict
     from types import SimpleNamespace
 
-    grpo = pytest.importorskip("trl.trainer.grpo_trainer", reason="TRL is not installed (the oracle is optional)")
+    grpo = require_oracle("trl.trainer.grpo_trainer")
     b, t = new.shape
     stand_in = SimpleNamespace(
         _get_per_token_logps_and_entropies=lambda *a, **k: (new, torch.zeros_like(new), None),

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lightning.pytorch import Trainer
+from oracles import require_oracle
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -281,7 +282,7 @@ def test_each_loss_is_trls_own_when_trl_is_installed(world, loss_type, loss, smo
 
     from lrlhf.functional import RobustDPOLoss
 
-    trl_dpo = pytest.importorskip("trl.trainer.dpo_trainer", reason="TRL is not installed (the oracle is optional)")
+    trl_dpo = require_oracle("trl.trainer.dpo_trainer")
     torch.manual_seed(0)
     loss = loss if loss is not None else RobustDPOLoss(smoothing)
     module = DPOModule(ModelConfig(str(world.model)), config=DPOConfig(beta=0.3, lora=LoraSpec(r=4)),

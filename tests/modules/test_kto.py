@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from oracles import require_oracle
 
 from lrlhf.data.kto import KTODataModule, unpaired
 from lrlhf.data.records import PreferencePair, Ranking, UnpairedExample
@@ -159,7 +160,7 @@ def test_kto_config_names_its_keys():
 def test_the_loss_is_trls_own_when_trl_is_installed(world, tmp_path):
     """TRL's ``KTOTrainer._compute_loss`` itself on the same batch and models (the policy merged, the reference the
     base), as an oracle at 1e-6: ``pip install --no-deps trl==1.12.0`` runs it (CI does not install TRL)."""
-    trl_kto = pytest.importorskip("trl.trainer.kto_trainer", reason="TRL is not installed (the oracle is optional)")
+    trl_kto = require_oracle("trl.trainer.kto_trainer")
     module = _module(world)
     dm = KTODataModule(str(world.tokenizer), train=str(_kto_file(tmp_path / "kto.jsonl")), batch_size=5,
                        max_length=64)
