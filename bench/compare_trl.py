@@ -452,6 +452,8 @@ def main() -> None:
     parser.add_argument("--decoding", default="auto",
                         help="ours: module.config.decoding (auto|eager|static|compiled); with --sampling a comma "
                         "list is timed mode by mode on the same prompts, e.g. eager,static,compiled")
+    parser.add_argument("--peers", default="", help="with --sampling: also time these peers on the same batch "
+                        "(generate: plain transformers generate, the per-decode-step overhead beside ours)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="both sides on this device")
     parser.add_argument("--shape", default="reference", choices=sorted(SHAPES),
                         help="model shape of the time and sampling runs (reference: the CPU config above)")

@@ -85,6 +85,8 @@ def sampling_run(args) -> dict:
         else:
             payoff = f"compile {r['compile_s']:.1f} s, never paid off (not faster per rollout)"
         print(f"{decoding}: {eager['median_s'] / r['median_s']:.2f}x eager's speed per rollout; {payoff}")
+    if "generate" in args.peers:
+        results["hf_generate"] = hf_generate(module, query_ids, query_mask, args, autocast, sync)
     peak = peak_cuda_gib(args.device)
     if peak is not None:
         print(f"process peak CUDA memory: {peak:.1f} GiB")
@@ -93,3 +95,29 @@ def sampling_run(args) -> dict:
             "columns": first["columns"], "all_s": first["all_s"], "rows": int(query_ids.shape[0]),
             "prompt_columns": int(query_ids.shape[1]), "mean_length": first["mean_length"], "peak_cuda_gib": peak,
             "decodings": results}
+
+
+def hf_generate(module, query_ids, query_mask, args, autocast, sync) -> dict:
+    """The peer on the same batch: plain transformers ``generate`` on the same peft model (the policy adapter on),
+    sampling at T = 1 (top-k 0, top-p 1) with ``--new`` tokens forced (``min_new_tokens``), no log-probs asked;
+    its per-decode-step time beside ours (``--peers generate``)."""
+    model = module.model
+    module.use_adapter("policy")
+    kwargs = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=args.new,
+                  min_new_tokens=args.new, pad_token_id=module.pad_token_id)
+    torch.manual_seed(args.seed)
+    seconds = []
+    for _ in range(args.warmup + args.iters):
+        sync()
+        start = time.perf_counter()
+        with torch.no_grad(), autocast:
+            out = model.generate(input_ids=query_ids, attention_mask=query_mask, **kwargs)
+        sync()
+        seconds.append(time.perf_counter() - start)
+    columns = out.shape[1] - query_ids.shape[1]
+    median = statistics.median(seconds[args.warmup:])
+    rate = query_ids.shape[0] * columns / median
+    print(f"| transformers generate (peer) | {seconds[0]:.2f} | - | {median:.3f} | {rate:,.0f} | "
+          f"{1000 * median / columns:.1f} | {[columns] * args.iters} |")
+    return {"median_s": median, "tokens_per_s": rate, "columns": [columns] * len(seconds), "all_s": seconds,
+            "first_s": seconds[0], "compile_s": 0.0, "mean_length": float(columns)}
