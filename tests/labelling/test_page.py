@@ -163,6 +163,11 @@ def test_requests_from_another_site_are_refused_on_loopback(tmp_path):
     same = client.post("/label/ann", data={"key": "0", "choice": "left"},
                        headers={"Origin": "http://localhost", "Sec-Fetch-Site": "same-origin"})
     assert same.status_code == 303 and list(store.logs["ann"].decisions) == ["0"]
+    behind_tls = client.post("/label/ann", data={"key": "1", "choice": "left"},  # a proxy: https outside, http here
+                             headers={"Origin": "https://localhost"})
+    assert behind_tls.status_code == 303 and list(store.logs["ann"].decisions) == ["0", "1"]
+    assert client.post("/label/ann", data={"key": "2", "choice": "left"},
+                       headers={"Origin": "http://localhost.evil.example"}).status_code == 403
 
 
 def test_the_command_checks_its_options_and_says_what_it_serves(tmp_path, capsys, monkeypatch):

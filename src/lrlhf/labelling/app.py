@@ -6,7 +6,7 @@ escapes, entities and link targets literal, code fences in a monospace box), wit
 key away; every response carries a Content-Security-Policy that allows no inline script and nothing from another
 origin. The one script (``static/label.js``) maps the keys to the buttons. Routes take no file path: the app serves
 the file it was given, its checks and its own static files, nothing else. Requests from another site are refused:
-a POST whose ``Origin`` is not the page's own (or that the browser marks cross-site), and, on a loopback address, a
+a POST whose ``Origin`` names another host (or that the browser marks cross-site), and, on a loopback address, a
 ``Host`` that is not a loopback name (DNS rebinding). With a ``token`` every request must carry it (``?token=``
 once, then a cookie).
 """
@@ -18,6 +18,7 @@ import logging
 import socket
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from lrlhf.labelling.render import raw_html, text_html
 from lrlhf.labelling.store import LabelStore, StaleAction
@@ -76,7 +77,7 @@ def create_app(store: LabelStore, token: str | None = None, loopback: bool | Non
             if origin == "null":  # an opaque origin (a sandboxed frame...): only the browser's own word will do
                 if fetch_site != "same-origin":
                     abort(403, "a request from an opaque origin")
-            elif origin is not None and origin != f"{request.scheme}://{request.host}":
+            elif origin is not None and urlsplit(origin).netloc != request.host:  # (a TLS proxy changes the scheme)
                 abort(403, f"a request from {origin!r}, another site")
             if fetch_site not in (None, "same-origin", "none"):
                 abort(403, "a cross-site request")
@@ -124,7 +125,7 @@ def create_app(store: LabelStore, token: str | None = None, loopback: bool | Non
                                    last=store.last(name), keys=KEYS)
         swapped = store.swapped(name, item.key)
         left, right = (item.rejected, item.chosen) if swapped else (item.chosen, item.rejected)
-        skipped = item.key in store.annotator(name).decisions  # a skipped pair, come back
+        skipped = item.key in store.annotator(name).decisions  # a pair skipped earlier, shown again
         return render_template("label.html", store=store, name=name, item=item, left=left, right=right,
                                done=done, total=total, last=store.last(name), keys=KEYS, skipped=skipped)
 

@@ -7,8 +7,8 @@ decision and each undo is one line, flushed and fsynced before the page moves on
 at most the decision in flight (a torn last line is dropped and cut off when the log is opened again). The state is
 the replay of the logs; a decision is taken only for the item the annotator is on, so a resubmitted form or a retry
 after a restart never records a pair twice. Each decision carries a hash of what was shown (the conversation and
-both answers): a log whose pair changed under it is matched to the pair with that content, or refused; a label never
-moves to another pair.
+both answers): when the file changed under a log, a decision is found by that content wherever it now is, and one
+whose pair is gone or was edited is kept in the log and used for nothing; a label never moves to another pair.
 
 Each annotator sees every item once, in the file's order with the checks mixed in at seeded places, the two answers
 of each in a seeded order (left / right, recorded with the decision); a skipped pair comes back after the others. A
