@@ -99,3 +99,13 @@ def test_a_reward_where_a_rule_belongs_is_refused_when_planning():
     with pytest.raises(TypeError, match=r"module.reward_model.rules\[0\] is a FunctionReward, not a rule \(a reward: "
                                         r"put it in module.reward_model itself"):
         RuleReward(rules=[reward])
+
+
+def test_a_calibration_measured_on_the_rewards_own_samples_stays():
+    """On a real scale the calibration is measured on the reference's samples with the module's own reward: it is
+    the reward's own, so it stays; only the RM stage's statistics (the toy scale's) are refused."""
+    overrides = ["recipe=ppo_lora", "hparams=smollm2", MINE]
+    cfg = _compose(overrides)
+    line = settle_own_reward(cfg, overrides)
+    assert cfg.module.calibration._target_ == "lrlhf.modules.calibration.ReferenceSamples" and cfg.needs.rm is None
+    assert line == "reward: your module.reward_model (FunctionReward): no reward-model stage built (needs.rm=null)"

@@ -2,10 +2,11 @@
 use, and a node given anew replacing the old one.
 
 - ``module.reward_model`` set on the command line (not through ``reward=...``, whose configs say all this
-  themselves) is the user's reward: unless ``module.calibration`` is set too, it is calibrated as its own (a
-  reward-model folder: that folder's calibration; anything else: none, its raw scores), never by the recipe's reward
-  model's; and unless ``needs.rm`` is set, the RM stage is not built when nothing of the run reads it. One line
-  says which.
+  themselves) is the user's reward: unless ``module.calibration`` is set too, it is never calibrated by the
+  recipe's reward-model stage's statistics (the toy scale's default) but as its own (a reward-model folder: that
+  folder's calibration; anything else: none, its raw scores); a calibration measured on the reference's samples
+  (the real scales' ``ReferenceSamples``) is its own already and stays. Unless ``needs.rm`` is set, the RM stage is
+  not built when nothing of the run reads it. One line says which.
 - An override that gives a node with a ``_target_`` (``++module.reward_model.parts.format.source={_target_: ...}``)
   replaces that node: Hydra merges it into the old one, which keeps the old class's keys (a ``rules`` list passed
   to a function reward); those keys are dropped.
@@ -50,6 +51,21 @@ def replace_target_nodes(cfg: DictConfig, overrides: list[str]) -> None:
                 _drop_stale_keys(node, value)
 
 
+def _raw(cfg: DictConfig, key: str, hops: int = 4) -> str:
+    """The text ``key`` holds before resolution, following plain ``${a.b}`` interpolations (the recipe's
+    ``module.calibration: ${hparams.ppo.calibration}`` to the scale's value); "" when there is no such key."""
+    parent, _, leaf = key.rpartition(".")
+    container = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    if not isinstance(container, DictConfig) or leaf not in container:
+        return ""
+    value = container._get_node(leaf)
+    text = OmegaConf.to_yaml(value) if isinstance(value, DictConfig) else str(value._value())
+    target = text.strip()
+    if hops and target.startswith("${") and target.endswith("}") and ":" not in target and target.count("${") == 1:
+        return _raw(cfg, target[2:-1], hops - 1)
+    return text
+
+
 def settle_own_reward(cfg: DictConfig, overrides: list[str]) -> str | None:
     """Calibration and ``needs.rm`` for a ``module.reward_model`` given on the command line (module docstring);
     the line to print, or None when the reward is the recipe's (or a ``reward=`` config's)."""
@@ -58,16 +74,16 @@ def settle_own_reward(cfg: DictConfig, overrides: list[str]) -> str | None:
             k == REWARD_KEY or k.startswith(REWARD_KEY + ".") for k in keys):
         return None
     node = cfg.module._get_node("reward_model")
-    written = OmegaConf.to_yaml(node) if isinstance(node, DictConfig) else str(node._value())
+    written = _raw(cfg, REWARD_KEY)
     folder = None if isinstance(node, DictConfig) else node._value()
     said = []
-    if "module.calibration" not in keys:
-        with open_dict(cfg):
+    if "module.calibration" not in keys and "deps.rm" in _raw(cfg, "module.calibration"):
+        with open_dict(cfg):  # the recipe's RM stage's statistics are not this reward's
             cfg.module.calibration = folder  # a folder's own calibration; a program's raw scores
         said.append(f"calibrated by its own folder's statistics (module.calibration={folder})" if folder else
                     "its raw scores, uncalibrated (module.calibration=null; set it to calibrate, e.g. "
                     "module.calibration={_target_: lrlhf.modules.calibration.ReferenceSamples})")
-    uses_rm = "deps.rm" in written or "deps.rm" in str(cfg.module._get_node("calibration")._value())
+    uses_rm = "deps.rm" in written or "deps.rm" in _raw(cfg, "module.calibration")
     if "needs.rm" not in keys and OmegaConf.select(cfg, "needs.rm", default=None) and not uses_rm:
         with open_dict(cfg):
             cfg.needs.rm = None
