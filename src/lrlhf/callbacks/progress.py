@@ -124,11 +124,9 @@ class RunProgressBar(TQDMProgressBar):
     def init_validation_tqdm(self) -> Tqdm:
         """Lightning's validation bar on a terminal; none into a file or a pipe, where each of its redraws would
         be a line of its own (``Validation DataLoader 0: 100%|...`` after every SFT and RM validation)."""
-        if _terminal():
-            return super().init_validation_tqdm()
-        return Tqdm(disable=True, file=sys.stdout)
+        return super().init_validation_tqdm() if _terminal() else Tqdm(disable=True, file=sys.stdout)
 
-    def init_sanity_tqdm(self) -> Tqdm:
+    def init_sanity_tqdm(self) -> Tqdm:  # the sanity check's validation bar, alike
         return super().init_sanity_tqdm() if _terminal() else Tqdm(disable=True, file=sys.stdout)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:

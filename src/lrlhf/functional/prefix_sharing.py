@@ -113,7 +113,7 @@ def group_layout(query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, k:
 
     Row ``g`` holds the group's prompt once, as its ``P`` padded columns (left padding is a padding segment), then
     response ``j`` of the group in columns ``P + j R .. P + (j + 1) R - 1`` (segment ``j + 1``). Positions are those
-    of the unshared rows (:func:`lrlhf.modules.rollout.sequence_inputs`): the prompt's count its attended tokens,
+    of the unshared rows (:func:`lrlhf.models.engines.sequence_inputs`): the prompt's count its attended tokens,
     every response's continue from the prompt's length. Every response column is attended, as in the unshared rows.
 
     Args:

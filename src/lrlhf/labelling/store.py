@@ -135,9 +135,10 @@ def _now() -> tuple[str, float]:
 
 class AnnotatorLog:
     """One annotator's decisions, replayed from and appended to their log file. ``resolve(event, where, decided)``
-    gives the key of the item a logged decision was about (its content may have moved in the file), or None when
-    no item has that content any more; such a decision is kept under a key no item has (``gone:<line>``), so it is
-    never shown, labelled or counted but can still be undone. ``moved`` / ``gone`` count them."""
+    (``decided``: the decisions replayed so far) gives the key of the item a logged decision was about (its content
+    may have moved in the file), or None when no item has that content any more; such a decision is kept under a
+    key no item has (``gone:<line>``), so it is never shown, labelled or counted but can still be undone. ``moved`` /
+    ``gone`` count them."""
 
     def __init__(self, path: Path, name: str, resolve=None):
         self.path, self.name = path, name
@@ -166,12 +167,11 @@ class AnnotatorLog:
             if not isinstance(event, dict) or not isinstance(logged, str):
                 raise ValueError(f"{where}: not a decision or an undo of the last one: {line[:200]}")
             if event.get("event") == "label" and event.get("choice") in CHOICES:
-                done = {k: e for k, e in self.decisions.items() if e["choice"] != "skip"}
-                key = resolve(event, where, done)
+                key = resolve(event, where, self.decisions)
                 if key is None:
                     key, self.gone = f"gone:{number}", self.gone + 1
                 self.moved += key != logged and not key.startswith("gone:")
-                if key in done:
+                if self.decisions.get(key, {}).get("choice", "skip") != "skip":
                     raise ValueError(f"{where}: a second decision on item {key} (not after a skip)")
                 renamed[logged] = key
                 self.decisions.pop(key, None)
@@ -233,15 +233,16 @@ class LabelStore:
 
     def _resolve(self, event: dict, where: str, decided: dict) -> str | None:
         """The key of the item a logged decision was about: its own key while the item there has the content the
-        decision saw, else an item with that content (not yet decided); None when no pair has it any more (the
-        decision stays in the log and counts for nothing)."""
+        decision saw, else an item with that content not yet decided (or only skipped); None when no pair has it any
+        more (the decision stays in the log and counts for nothing)."""
         key, digest = event["key"], event.get("hash")
         if not isinstance(digest, str):
             raise ValueError(f"{where}: a decision without the `hash` of the pair it was about (written by an "
                              "earlier lrlhf): label the file again into a new --out folder")
         if key in self.items and self.items[key].digest == digest:
             return key
-        return next((k for k in self.by_digest.get(digest, []) if k not in decided), None)
+        open_keys = [k for k in self.by_digest.get(digest, []) if decided.get(k, {}).get("choice", "skip") == "skip"]
+        return open_keys[0] if open_keys else None
 
     def queue(self, name: str) -> list[str]:
         """The keys in the order ``name`` sees them: the pairs in file order, each check at a seeded place."""

@@ -48,13 +48,24 @@ class RolloutEngine(Protocol):
     def free(self) -> None: ...
 
 
+def sequence_inputs(query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``(input_ids, attention_mask, position_ids)`` of prompt ``(B, P)`` + response ``(B, R)``, all ``(B, P + R)``.
+
+    Every response column is attended (as in ``generate``; columns after a stop are masked out of the losses, and
+    causal attention keeps them from changing the earlier ones); positions count attended tokens, so a left-padded
+    row gets the positions ``generate`` gave it.
+    """
+    input_ids = torch.cat([query_ids, response_ids], dim=1)
+    attention_mask = torch.cat([query_mask, torch.ones_like(response_ids, dtype=query_mask.dtype)], dim=1)
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    return input_ids, attention_mask, position_ids
+
+
 def teacher_forced_logprobs(model, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor,
                             temperature: float) -> Tensor:
-    """``(B, R)`` log-probs of ``response_ids`` after left-padded ``query_ids`` under ``model`` (every response
-    column attended, positions counting attended tokens, as the sampler and PPO's forwards lay a sequence out)."""
-    input_ids = torch.cat([query_ids, response_ids], dim=1)
-    mask = torch.cat([query_mask, torch.ones_like(response_ids, dtype=query_mask.dtype)], dim=1)
-    positions = (mask.long().cumsum(-1) - 1).clamp(min=0)
+    """``(B, R)`` log-probs of ``response_ids`` after left-padded ``query_ids`` under ``model``, laid out as
+    :func:`sequence_inputs` lays out every sequence of PPO's forwards."""
+    input_ids, mask, positions = sequence_inputs(query_ids, query_mask, response_ids)
     length = response_ids.shape[1]
     logits = model(input_ids=input_ids, attention_mask=mask, position_ids=positions,
                    logits_to_keep=length + 1).logits[:, :length]
@@ -99,4 +110,4 @@ class LocalEngine:
             _CACHES.pop(self.model, None)
 
 
-__all__ = ["LocalEngine", "RolloutEngine", "teacher_forced_logprobs"]
+__all__ = ["LocalEngine", "RolloutEngine", "sequence_inputs", "teacher_forced_logprobs"]

@@ -13,7 +13,7 @@ GRPO), the critic and the KL controller (``module.kl_controller``, owned and che
 One Trainer batch of prompts is one rollout and its update epochs (manual optimisation), in the numbered steps of
 :meth:`training_step` and :meth:`make_rollout`. ``global_step`` counts optimiser steps (``updates_per_rollout``).
 The logits and the value of action ``t`` of ``prompt (P columns, left-padded) + response`` are read at column
-``P + t - 1``, positions as ``generate``'s (:func:`~lrlhf.modules.rollout.sequence_inputs`).
+``P + t - 1``, positions as ``generate``'s (:func:`~lrlhf.models.engines.sequence_inputs`).
 """
 
 from __future__ import annotations
@@ -453,7 +453,6 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.model.eval()  # dropout off in rollouts and updates: the first ratio is 1 (up to kernel rounding)
         seed_rank_stream()  # several ranks: each samples its own stream (a no-op in one process)
         self.guards.start_fit()
-        self.engine.sync(self.model)
         self.compute_precision  # noqa: B018 -- resolved (and announced) under the Trainer's precision
 
     def training_step(self, batch: dict, batch_idx: int) -> None:
@@ -461,10 +460,10 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         if batch["input_ids"].shape[0] == 0:
             self.log("rollout/empty_batches", 1.0, batch_size=1)
             return None
+        self.engine.sync(self.model)  # the weights the update left; the engine checked against the policy on them
         if self.guards.self_check_pending:  # once per fit, before the first rollout
             self.guards.check_sampler(self.sample, self.policy_forward, self.eos_token_ids, self.pad_token_id, batch,
                                       self.compute_precision)
-        self.engine.sync(self.model)  # the weights the update left; the engine checked against the policy on them
         self.guards.check_engine(self.engine, self.policy_forward, batch, self.config.temperature,
                                  self.compute_precision, self.rollouts_done)
         # 1-6. rollout

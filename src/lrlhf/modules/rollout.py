@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from lrlhf.functional import ResponseMasks, explained_variance, kl_k1, masked_mean, masked_sum
+from lrlhf.models.engines import sequence_inputs  # the layout of prompt + response, one place for every forward
 
 
 class Sampled(NamedTuple):
@@ -81,19 +82,6 @@ class Rollout:
         """The rows ``rows`` (a minibatch)."""
         fields = {f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self) if f.name != "masks"}
         return Rollout(masks=ResponseMasks(*(m[rows] for m in self.masks)), **fields)
-
-
-def sequence_inputs(query_ids: Tensor, query_mask: Tensor, response_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """``(input_ids, attention_mask, position_ids)`` of prompt ``(B, P)`` + response ``(B, R)``, all ``(B, P + R)``.
-
-    Every response column is attended (as in ``generate``; columns after a stop are masked out of the losses, and
-    causal attention keeps them from changing the earlier ones); positions count attended tokens, so a left-padded
-    row gets the positions ``generate`` gave it.
-    """
-    input_ids = torch.cat([query_ids, response_ids], dim=1)
-    attention_mask = torch.cat([query_mask, torch.ones_like(response_ids, dtype=query_mask.dtype)], dim=1)
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    return input_ids, attention_mask, position_ids
 
 
 def row_chunks(n: int, size: int):

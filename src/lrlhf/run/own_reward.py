@@ -76,14 +76,16 @@ def settle_own_reward(cfg: DictConfig, overrides: list[str]) -> str | None:
     node = cfg.module._get_node("reward_model")
     written = _raw(cfg, REWARD_KEY)
     folder = None if isinstance(node, DictConfig) else node._value()
+    calibration = _raw(cfg, "module.calibration")
     said = []
-    if "module.calibration" not in keys and "deps.rm" in _raw(cfg, "module.calibration"):
+    if "module.calibration" not in keys and "deps.rm" in calibration:
         with open_dict(cfg):  # the recipe's RM stage's statistics are not this reward's
             cfg.module.calibration = folder  # a folder's own calibration; a program's raw scores
+        calibration = str(folder)
         said.append(f"calibrated by its own folder's statistics (module.calibration={folder})" if folder else
                     "its raw scores, uncalibrated (module.calibration=null; set it to calibrate, e.g. "
                     "module.calibration={_target_: lrlhf.modules.calibration.ReferenceSamples})")
-    uses_rm = "deps.rm" in written or "deps.rm" in _raw(cfg, "module.calibration")
+    uses_rm = "deps.rm" in written or "deps.rm" in calibration
     if "needs.rm" not in keys and OmegaConf.select(cfg, "needs.rm", default=None) and not uses_rm:
         with open_dict(cfg):
             cfg.needs.rm = None
