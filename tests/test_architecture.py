@@ -222,3 +222,23 @@ def test_one_name_per_thing():
     doc = (SRC.parents[1] / "docs" / "architecture.md").read_text()
     section = doc[doc.index("## One name per thing"):]
     assert all(re.search(rf"`{re.escape(n)}`", section) for n in SHARED_NAMES), "name each shared file name in the doc"
+
+
+def test_no_file_over_500_lines():
+    root = SRC.parents[1]
+    long = {str(p.relative_to(root)): n for p in [*root.glob("src/**/*.py"), *root.glob("tests/**/*.py"),
+                                                 *root.glob("bench/*.py"), root / "train.py"]
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"files over the house's 500 lines (split them): {long}"
+
+
+def test_a_rollout_carries_its_products_not_the_module():
+    """What a rollout produced (a reward's disagreement and components, the filter's statistics) travels on the
+    Rollout, so selecting rows selects them all: no ``self.rollout_*`` / ``self.last_rollout`` side channel."""
+    found = []
+    for path in sorted((SRC / "modules").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
+                    and isinstance(node.ctx, ast.Store) and re.match(r"(last_)?rollout_|last_rollout", node.attr)):
+                found.append(f"{path.relative_to(SRC)}:{node.lineno} self.{node.attr}")
+    assert not found, found

@@ -377,7 +377,7 @@ def test_every_module_variant_composes_and_builds(group, option):
     assert first_line.startswith(f"# module/{group}={option}")
 
 
-def test_the_recipes_choose_their_variants_and_removed_keys_name_the_new_ones():
+def test_the_recipes_choose_their_variants_and_bad_keys_are_named():
     chosen = {r: _compose([f"recipe={r}", "paths.run_dir=."]).module for r in
               ("ppo_lora", "ppo_weak_kl", "rloo_lora", "grpo_lora")}
     assert chosen["ppo_lora"].kl_controller._target_.endswith("AdaptiveKLController")
@@ -385,22 +385,14 @@ def test_the_recipes_choose_their_variants_and_removed_keys_name_the_new_ones():
     assert chosen["ppo_weak_kl"].kl_controller == {"_target_": "lrlhf.functional.FixedKLController", "kl_coef": 0.005}
     assert [chosen[r].advantage._target_.rsplit(".", 1)[1] for r in chosen] == ["GAE", "GAE", "RLOO", "GRPO"]
     for override, message in (
-            ("+module.config.advantage_estimator=rloo", "module.config.advantage_estimator is gone: set "
-                                                         "module.advantage._target_"),
-            ("+module.config.kl_coef=0.05", "module.config.kl_coef is gone: set module.kl_controller.kl_coef"),
+            ("+module.config.kl_coef=0.05", "module.config: PPOConfig.__init__() got an unexpected keyword argument "
+                                            "'kl_coef'"),
             ("module.critic.vf_coef=-1", "module.critic.vf_coef must be >= 0, got -1"),
             ("module.advantage.gamma=2", "module.advantage.gamma must be in [0, 1], got 2")):
         cfg = _compose(["recipe=ppo_lora", "paths.run_dir=.", "+deps={sft:.,rm:.}", override])
         with pytest.raises(ValueError) as error:
             planning.validate(cfg)
         assert str(error.value).startswith(message)  # the key the user types, once
-    for override, message in (("module.config.kl_coef=0.05", "module.config.kl_coef is gone: set module.kl_control"),
-                              ("+module.config.label_smoothing=0.1", "module.config.label_smoothing is gone: set "
-                                                                     "module.preference_loss.label_smoothing"),
-                              ("callbacks.kl_control.target=3", "callbacks.kl_control.target is gone")):
-        with pytest.raises(SystemExit) as stop:  # without "+": Hydra alone would say "not in struct"
-            cli._refuse_moved_keys(["recipe=ppo_lora", override])
-        assert str(stop.value) == f"lrlhf: error: {message}" or str(stop.value).startswith(f"lrlhf: error: {message}")
 
 
 def test_a_user_advantage_estimator_by_target(tmp_path):
@@ -492,24 +484,3 @@ def test_model_hf_without_a_gpu_gets_the_cpu_sizes_unless_hparams_is_chosen(monk
     assert cli._sized_for_the_machine(["model=hf"]) == ["model=hf"]
     cfg = _compose(["model=hf", "hparams=cpu", "model.name_or_path=x", "paths.run_dir=."])
     assert cfg.trainer.max_steps == 16 and cfg.module.calibration.n_prompts == 16  # ppo_lora at the CPU sizes
-
-
-@pytest.mark.parametrize("hparams", ["toy", "cpu", "smollm2", "hf"])
-@pytest.mark.parametrize(("reward", "cls"), [("gold", "FunctionReward"), ("rules", "RuleReward"),
-                                             ("mixture", "Mixture"), ("judge", "JudgeReward"),
-                                             ("judge_pairwise", "PairwiseJudgeReward"), ("constraints", "RuleReward"),
-                                             ("math", "RuleReward")])
-def test_every_reward_config_builds_its_own_node_at_every_scale(hparams, reward, cls):
-    """#32: a reward=... node merged onto a scale's own reward node (hparams=smollm2's RewardAdapter dict) mixed their
-    keys (RuleReward(path=...)); each reward config's node is its own at every scale."""
-    from hydra.utils import instantiate
-
-    extra = ["module.reward_model.judge=/a/judge"] if reward.startswith("judge") else []
-    cfg = _compose(["recipe=grpo_lora", f"reward={reward}", f"hparams={hparams}", "paths.run_dir=.", *extra])
-    source = instantiate(cfg.module.reward_model, _convert_="all")
-    assert type(source).__name__ == cls
-    if reward == "mixture":  # the scale's reward model is the mixture's `rm`: a LoRA RM's adapter where it is one
-        rm = type(source.sources["rm"]).__name__
-        assert rm == ("FrozenRewardModel" if hparams == "toy" else "RewardAdapter"), rm
-    rows = cfg.data.batch_size * 4  # RLOO / GRPO: as many responses per rollout as ppo_lora at the scale
-    assert rows == cfg.hparams.ppo.batch_size

@@ -109,3 +109,24 @@ def test_a_calibration_measured_on_the_rewards_own_samples_stays():
     line = settle_own_reward(cfg, overrides)
     assert cfg.module.calibration._target_ == "lrlhf.modules.calibration.ReferenceSamples" and cfg.needs.rm is None
     assert line == "reward: your module.reward_model (FunctionReward): no reward-model stage built (needs.rm=null)"
+
+
+@pytest.mark.parametrize("hparams", ["toy", "cpu", "smollm2", "hf"])
+@pytest.mark.parametrize(("reward", "cls"), [("gold", "FunctionReward"), ("rules", "RuleReward"),
+                                             ("mixture", "Mixture"), ("judge", "JudgeReward"),
+                                             ("judge_pairwise", "PairwiseJudgeReward"), ("constraints", "RuleReward"),
+                                             ("math", "RuleReward")])
+def test_every_reward_config_builds_its_own_node_at_every_scale(hparams, reward, cls):
+    """#32: a reward=... node merged onto a scale's own reward node (hparams=smollm2's RewardAdapter dict) mixed their
+    keys (RuleReward(path=...)); each reward config's node is its own at every scale."""
+    from hydra.utils import instantiate
+
+    extra = ["module.reward_model.judge=/a/judge"] if reward.startswith("judge") else []
+    cfg = _compose(["recipe=grpo_lora", f"reward={reward}", f"hparams={hparams}", "paths.run_dir=.", *extra])
+    source = instantiate(cfg.module.reward_model, _convert_="all")
+    assert type(source).__name__ == cls
+    if reward == "mixture":  # the scale's reward model is the mixture's `rm`: a LoRA RM's adapter where it is one
+        rm = type(source.sources["rm"]).__name__
+        assert rm == ("FrozenRewardModel" if hparams == "toy" else "RewardAdapter"), rm
+    rows = cfg.data.batch_size * 4  # RLOO / GRPO: as many responses per rollout as ppo_lora at the scale
+    assert rows == cfg.hparams.ppo.batch_size

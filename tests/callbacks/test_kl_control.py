@@ -1,12 +1,10 @@
 """KL control is the module's: its controller (by ``_target_``) moves beta towards the target once per rollout, the
-module logs what the controller decided, beta is checkpointed once (test_checkpoint.py), and the callback that
-used to own it refuses to be built, naming the keys that replaced it."""
+module logs what the controller decided, and beta is checkpointed once (test_checkpoint.py)."""
 
 from types import SimpleNamespace
 
 import pytest
 
-from lrlhf.callbacks import KLControlCallback
 from lrlhf.functional import AdaptiveKLController, FixedKLController, KLInReward
 from lrlhf.modules import PPOConfig, PPOModule
 
@@ -55,9 +53,3 @@ def test_one_update_per_rollout_in_a_fit_and_the_next_rollout_uses_it(world, tok
     metrics = trainer.callback_metrics
     assert metrics["kl/beta_next"].item() == pytest.approx(controller.value, rel=1e-6)
     assert metrics["kl/seq_sum_k1"].item() == pytest.approx(controller.seen[-1][0], rel=1e-6)
-
-
-def test_the_old_callback_names_the_keys_that_replaced_it():
-    with pytest.raises(ValueError, match=r"callbacks.kl_control is gone: the KL controller is module.kl_controller"
-                                         r".*module/kl_controller=adaptive\|fixed.*module.kl_controller.kl_coef"):
-        KLControlCallback("adaptive", target=6.0)

@@ -5,10 +5,10 @@ import torch
 import torch.nn.functional as F
 
 from lrlhf.functional import (
+    ClipPPO,
     bradley_terry_loss,
     dpo_loss,
     explained_variance,
-    ppo_policy_loss,
     ranking_loss,
     value_loss,
 )
@@ -20,7 +20,7 @@ def test_ratio_is_one_before_the_first_update():
     logp = torch.randn(4, 6, generator=g)
     adv = torch.randn(4, 6, generator=g)
     mask = torch.rand(4, 6, generator=g) > 0.3
-    loss, stats = ppo_policy_loss(logp, logp.clone(), adv, mask, clip_eps=0.2)
+    loss, stats = ClipPPO(0.2)(logp, logp.clone(), adv, mask)
     assert loss.item() == pytest.approx(-adv[mask].mean().item(), abs=1e-6)
     assert stats.ratio_mean.item() == 1.0 and stats.ratio_max.item() == 1.0
     assert stats.clipfrac.item() == 0.0 and stats.approx_kl.item() == 0.0
@@ -34,7 +34,7 @@ def test_policy_loss_by_hand():
     old = torch.tensor([[0.0, 0.0, 0.0]])
     adv = torch.tensor([[1.0, -1.0, 1e6]])
     mask = torch.tensor([[True, True, False]])
-    loss, stats = ppo_policy_loss(logp, old, adv, mask, clip_eps=0.2)
+    loss, stats = ClipPPO(0.2)(logp, old, adv, mask)
     e = math.e
     assert loss.item() == pytest.approx((-1.2 + e) / 2, abs=1e-6)
     assert stats.clipfrac.item() == pytest.approx(0.5, abs=1e-6)
@@ -52,7 +52,7 @@ def test_policy_loss_gradient_matches_finite_differences():
     logp = (old + 0.05 * torch.randn(3, 5, generator=g, dtype=torch.float64)).requires_grad_()
     adv = torch.randn(3, 5, generator=g, dtype=torch.float64)
     mask = torch.rand(3, 5, generator=g) > 0.3
-    assert torch.autograd.gradcheck(lambda x: ppo_policy_loss(x, old, adv, mask, 0.2)[0], (logp,))
+    assert torch.autograd.gradcheck(lambda x: ClipPPO(0.2)(x, old, adv, mask)[0], (logp,))
 
 
 # --- value loss ---------------------------------------------------------------------------------------

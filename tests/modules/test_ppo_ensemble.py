@@ -2,6 +2,7 @@
 disagreement is logged per rollout, and the ensemble folder loads through ``RewardEnsemble``."""
 # ruff: noqa: F811 -- the world / tokenizer fixtures come from test_ppo
 
+import lightning.pytorch as pl
 import torch
 
 from lrlhf.functional import FixedKLController, MeanMinusStd, WorstCase, disagreement
@@ -97,14 +98,21 @@ def test_the_audit_callback_writes_the_top_samples_with_gold_and_rescored_deltas
                             path=str(tmp_path / "audit.md"))
     from lightning.pytorch.loggers import CSVLogger
 
-    trainer = _fit(module, world, tokenizer, 2, tmp_path, logger=CSVLogger(tmp_path), callbacks=[audit])
+    seen = []  # what the callbacks were given after each rollout
+
+    class Outputs(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            seen.append(outputs["rollout"])
+
+    trainer = _fit(module, world, tokenizer, 2, tmp_path, logger=CSVLogger(tmp_path), callbacks=[audit, Outputs()])
     text = (tmp_path / "audit.md").read_text()
     assert text.count("## rollout") == 1 and "## rollout 2 (step" in text  # rollouts 2, 4, ...: one here
     rows = list(csv.DictReader(open(f"{trainer.log_dir}/audit.csv")))
     assert [int(r["rank"]) for r in rows] == [1, 2, 3]
     rewards = [float(r["reward"]) for r in rows]
     assert rewards == sorted(rewards, reverse=True)
-    batch, rollout, spread = module.last_rollout
+    rollout = seen[-1]
+    spread = rollout.disagreement
     assert rewards[0] == float(rollout.scores.max())
     assert all(r["judge"] != "" and r["disagreement"] != "" and r["d_pad_filler"] != "" for r in rows)
     assert any(float(r["d_pad_filler"]) != 0.0 for r in rows)  # padding moves a random-head reward

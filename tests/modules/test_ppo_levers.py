@@ -113,7 +113,7 @@ def test_any_object_with_build_and_score_is_the_reward_and_its_extras_reach_the_
     rollout = module.make_rollout(_batch(world, tokenizer))
     assert torch.equal(rollout.raw_scores, rollout.masks.lengths.float())
     # scored in chunks of 3 rows (forward_batch_size): each chunk's extras, in order
-    assert torch.equal(module.rollout_disagreement, torch.tensor([0.0, 0.1, 0.2, 0.0]))
+    assert torch.equal(rollout.disagreement, torch.tensor([0.0, 0.1, 0.2, 0.0]))
     assert module.rollout_stats(rollout)["reward/ensemble_std"] == pytest.approx(0.075)
     trainer = _fit(module, world, tokenizer, 1, tmp_path)
     assert trainer.logged_metrics["reward/ensemble_std"] == pytest.approx(0.075)
@@ -127,7 +127,7 @@ def test_a_subclass_score_is_the_reward_without_extras(world, tokenizer):  # noq
     module = _module(world, tokenizer, cls=Constant, reward=CountingReward())
     rollout = module.make_rollout(_batch(world, tokenizer))
     assert torch.equal(rollout.raw_scores, torch.full((len(rollout),), 2.0))
-    assert module.rollout_disagreement is None and "reward/ensemble_std" not in module.rollout_stats(rollout)
+    assert rollout.disagreement is None and "reward/ensemble_std" not in module.rollout_stats(rollout)
 
 
 def test_a_reward_that_is_no_source_is_refused_naming_the_key(world, tokenizer):  # noqa: F811

@@ -225,7 +225,7 @@ class HalfDegenerate(RewardSource):
 
     def score(self, query_ids, query_mask, response_ids, masks, meta=None):
         rows = torch.arange(len(response_ids), dtype=torch.float32)
-        return RewardScores(torch.where((rows // self.k) % 2 == 0, 1.0, rows))
+        return RewardScores(torch.where((rows // self.k) % 2 == 0, 1.0, rows), rows / 10, {"row": rows})
 
 
 def test_dynamic_sampling_drops_the_degenerate_groups_before_the_advantages(world, tokenizer, tmp_path):  # noqa: F811
@@ -239,7 +239,11 @@ def test_dynamic_sampling_drops_the_degenerate_groups_before_the_advantages(worl
     assert reference_rows == [4]  # the degenerate groups left before the reference's forward
     assert rollout.raw_scores.tolist() == [2.0, 3.0, 6.0, 7.0]
     assert torch.allclose(rollout.advantages[:, 0], torch.tensor([-1.0, 1.0, -1.0, 1.0]) / 2 ** 0.5, atol=1e-4)
-    assert module.rollout_filter_stats["rollout/groups_kept"] == 2.0
+    assert rollout.filter_stats["rollout/groups_kept"] == 2.0
+    # every product of the rollout is selected with its rows: the reward's disagreement and components too
+    assert rollout.components["row"].tolist() == [2.0, 3.0, 6.0, 7.0]
+    assert rollout.disagreement.tolist() == pytest.approx([0.2, 0.3, 0.6, 0.7])
+    assert module.rollout_stats(rollout)["reward/row"] == 4.5
     kept = _module(world, tokenizer, advantage=GRPO(samples_per_prompt=2), critic=None, reward=HalfDegenerate(2),
                    forward_batch_size=8, parts={"group_filter": DynamicSampling()})
     assert _fit(kept, world, tokenizer, 1, tmp_path / "kept").logged_metrics["rollout/skipped_update"] == 0.0

@@ -204,27 +204,17 @@ def test_a_pairwise_judge_against_the_reference_asks_both_orders():
         Canned(judge="unused", template="{response}")
 
 
-def test_a_source_written_before_meta_is_called_without_it(world, tokenizer, tmp_path):  # noqa: F811
+def test_a_source_whose_score_takes_no_meta_is_refused_naming_the_signature():
     from lrlhf.modules.rewards import reward_source
 
-    class Legacy:  # the protocol before lrlhf 0.3: score(query_ids, query_mask, response_ids, masks)
-        calls = 0
-
-        def build(self, model, tokenizer):
+    class NoMeta:
+        def build(self, model, tok):
             return None
 
         def score(self, query_ids, query_mask, response_ids, masks):
-            Legacy.calls += 1
             return RewardScores(masks.lengths.float())
 
-        def prepare(self, module, datamodule):  # the wrapper passes every other attribute through
-            Legacy.prepared = True
-
-    legacy = Legacy()
-    wrapped = reward_source(legacy)
-    assert wrapped is not legacy and wrapped.prepare.__self__ is legacy
+    with pytest.raises(TypeError, match=r"module.reward_model: NoMeta.score must take .*meta=None"):
+        reward_source(NoMeta())
     current = FunctionReward(lambda p, r: 0.0)
     assert reward_source(current) is current  # a source that takes meta is used as it is
-    module = _module(world, tokenizer, reward=legacy)
-    _fit(module, world, tokenizer, 1, tmp_path)
-    assert Legacy.calls >= 1 and Legacy.prepared

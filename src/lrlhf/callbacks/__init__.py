@@ -1,4 +1,4 @@
-"""Callbacks that observe and decide: KL coefficient, early stopping on held-out utility, resumable checkpoints,
+"""Callbacks that observe and decide: early stopping on held-out utility, resumable checkpoints,
 the sample table (prompt, response, reward, judge, KL);
 and the console's: progress in rollouts or steps, a clean stop on SIGTERM / SIGINT (``console_callbacks``).
 
@@ -8,7 +8,6 @@ Each takes plain keyword arguments, so a Hydra ``callbacks/<name>.yaml`` with a 
 from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
 from lrlhf.callbacks.csv_logger import ResumableCSVLogger
 from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
-from lrlhf.callbacks.kl_control import KLControlCallback
 from lrlhf.callbacks.progress import RunProgressBar, console_callbacks
 from lrlhf.callbacks.reward_audit import HighRewardAudit
 from lrlhf.callbacks.samples import SampleTable
@@ -18,7 +17,6 @@ from lrlhf.eval.plots import plot_goodhart  # kept importable from here; it live
 __all__ = [
     "HeldOutUtilityEarlyStopping",
     "HighRewardAudit",
-    "KLControlCallback",
     "ResumableCSVLogger",
     "ResumableCheckpoint",
     "RunProgressBar",

@@ -33,20 +33,19 @@ class HighRewardAudit(pl.Callback):
         if not hasattr(pl_module, "rollouts_done"):
             raise ValueError(f"callbacks.audit (HighRewardAudit) audits rollouts: use it with PPO, RLOO or GRPO, not "
                              f"{type(pl_module).__name__} (callbacks.audit=null)")
-        pl_module.keep_last_rollout = True
         if self.judge_spec is not None and self.judge is None:
             from lrlhf.eval.judges import resolve_judge
 
             self.judge = resolve_judge(self.judge_spec, key="callbacks.audit.judge")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        kept = getattr(pl_module, "last_rollout", None)
-        if kept is None or pl_module.rollouts_done % self.every:
+        rollout = outputs.get("rollout") if isinstance(outputs, dict) else None  # None: no update on this batch
+        if rollout is None or pl_module.rollouts_done % self.every:
             return  # every rank audits its own rollout (rescoring is collective under FSDP); rank 0 writes
-        self.audit(trainer, pl_module, *kept)
+        self.audit(trainer, pl_module, batch, rollout)
 
     @torch.no_grad()
-    def audit(self, trainer, pl_module, batch: dict, rollout, disagreement) -> None:
+    def audit(self, trainer, pl_module, batch: dict, rollout) -> None:
         from lrlhf.data.collate import collate_responses
         from lrlhf.eval.audit import audit_markdown, audit_rows
         from lrlhf.eval.counterfactual import DEFAULT_TRANSFORMS
@@ -76,7 +75,7 @@ class HighRewardAudit(pl.Callback):
             return (calibration.normalise(raw) if calibration is not None else raw).tolist()
 
         columns, rows = audit_rows(prompts, responses, rollout.scores.tolist(), lengths, rescore,
-                                   None if disagreement is None else disagreement.tolist(),
+                                   None if rollout.disagreement is None else rollout.disagreement.tolist(),
                                    None if self.judge is None else lambda p, t: score_responses(self.judge, p, t),
                                    self.transforms or DEFAULT_TRANSFORMS, self.top_k, seed=pl_module.rollouts_done)
         log_table(pl_module, "audit", ["rollout", *columns], [[pl_module.rollouts_done, *r] for r in rows])

@@ -37,7 +37,6 @@ from lrlhf.functional.losses import (
     bradley_terry_loss,
     explained_variance,
     kto_loss,
-    ppo_policy_loss,
     ranking_loss,
     value_loss,
 )
@@ -126,7 +125,6 @@ __all__ = [
     "masked_var",
     "masked_whiten",
     "pairwise_accuracy",
-    "ppo_policy_loss",
     "ranking_loss",
     "ranking_pairs",
     "response_masks",

@@ -1,6 +1,7 @@
-"""Losses: PPO policy and value, Bradley–Terry and K-way rankings for reward models, DPO.
+"""Losses: PPO value, Bradley–Terry and K-way rankings for reward models, DPO.
 
-Each loss returns a scalar; the PPO and DPO losses also return detached statistics for logging.
+Each loss returns a scalar; the value and DPO losses also return detached statistics for logging (the policy
+losses are objects: :mod:`lrlhf.functional.policy_losses`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from lrlhf.functional.masks import masked_mean, masked_var
 
 
 class PolicyLossStats(NamedTuple):
-    """Detached scalars from :func:`ppo_policy_loss` (0 when no token is valid).
+    """Detached scalars of a policy loss (:mod:`lrlhf.functional.policy_losses`; 0 when no token is valid).
 
     Fields:
         clipfrac: fraction of valid tokens whose clipped term is the active one (its gradient is zero).
@@ -40,38 +41,6 @@ class ValueLossStats(NamedTuple):
 
     clipfrac: Tensor
     value_mean: Tensor
-
-
-def ppo_policy_loss(
-    logprobs: Tensor, old_logprobs: Tensor, advantages: Tensor, mask: Tensor, clip_eps: float
-) -> tuple[Tensor, PolicyLossStats]:
-    """Clipped surrogate loss, a token-level masked mean over the minibatch.
-
-    ``loss = masked_mean(max(-A * rho, -A * clip(rho, 1 - eps, 1 + eps)))`` with
-    ``rho = exp(logprobs - old_logprobs)``.
-
-    Args:
-        logprobs: ``(B, T)`` log-probs of the sampled actions under the current policy (with grad).
-        old_logprobs: ``(B, T)`` the same under the policy that sampled them (no grad).
-        advantages: ``(B, T)`` (no grad).
-        mask: ``(B, T)`` valid actions.
-        clip_eps: epsilon of the clip.
-    """
-    log_ratio = logprobs - old_logprobs.detach()
-    ratio = torch.exp(log_ratio)
-    advantages = advantages.detach()
-    unclipped = -advantages * ratio
-    clipped = -advantages * ratio.clamp(1.0 - clip_eps, 1.0 + clip_eps)
-    loss = masked_mean(torch.maximum(unclipped, clipped), mask)
-    with torch.no_grad():
-        valid = mask.bool()
-        stats = PolicyLossStats(
-            clipfrac=masked_mean((clipped > unclipped).float(), mask),
-            approx_kl=masked_mean(torch.expm1(log_ratio) - log_ratio, mask),
-            ratio_mean=masked_mean(ratio, mask),
-            ratio_max=torch.where(valid, ratio, 0.0).max() if valid.any() else ratio.new_zeros(()),
-        )
-    return loss, stats
 
 
 def value_loss(

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from lrlhf.functional import gae, grpo_advantages, informative_groups, masked_sum, masked_whiten, rloo_advantages
 from lrlhf.utils.distributed import global_all_reduce, min_across_ranks
+from lrlhf.utils.errors import InvariantError
 
 WHITEN_SCOPES = ("global", "local")
 
@@ -120,8 +121,8 @@ class GRPO(GroupAdvantage):
 
     ``scale_by_std=False`` is Dr. GRPO (Liu et al., 2025, "Understanding R1-Zero-Like Training"): the group mean
     is subtracted, no division by the group's std (which up-weights prompts that are too easy or too hard). Their
-    other change, no ``1 / |o_i|`` per-response length normalisation in the loss, holds here either way: the
-    policy loss is a token-level mean over the minibatch (:func:`lrlhf.functional.ppo_policy_loss`).
+    other change, no ``1 / |o_i|`` per-response length normalisation in the loss, is the policy loss's default
+    aggregation here: a token-level mean over the minibatch (:class:`lrlhf.functional.TokenMean`).
     """
 
     scale_by_std: bool = True
@@ -175,6 +176,15 @@ class DynamicSampling:
                  "rollout/groups_informative_frac": float(informative.float().mean()) if informative.numel() else 0.0,
                  "rollout/groups_kept": float(chosen.numel())}
         return rows, stats
+
+    def check_empty(self, in_a_row: int, rollout: int) -> None:
+        """Stop the run after ``max_empty`` rollouts in a row left no row (``rollout``: the last one's number)."""
+        if in_a_row >= self.max_empty:
+            raise InvariantError(
+                f"dynamic sampling (module.group_filter) found no group with unequal scores in {in_a_row} rollouts in "
+                f"a row (rollout {rollout}): the policy solves or fails every prompt alike, so nothing is left to "
+                "learn and no optimiser step is made. Stop here, or raise module.group_filter.max_empty, or lower "
+                "module.group_filter.tolerance")
 
 
 __all__ = ["GAE", "GRPO", "RLOO", "WHITEN_SCOPES", "AdvantageEstimator", "DynamicSampling", "GroupAdvantage"]

@@ -50,10 +50,6 @@ from lrlhf.modules.sft import ExportPaths
 from lrlhf.modules.stage import StageOutputs
 
 TIE = 0.5
-#: ``module.config`` keys of earlier versions and the keys that replaced them (refused naming the new by
-#: ``lrlhf.run.cli`` until lrlhf 0.2.0, as PPO's :data:`~lrlhf.modules.ppo_config.MOVED_KEYS`).
-DPO_MOVED_KEYS = {"label_smoothing": "module.preference_loss.label_smoothing (module/preference_loss=cdpo|robust|simpo "
-                                     "picks the loss)"}
 
 
 # ---------------------------------------------------------------------------------------------- config

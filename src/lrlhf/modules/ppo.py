@@ -45,7 +45,7 @@ from lrlhf.functional.off_policy import OffPolicyCorrection
 from lrlhf.functional.rewards import Overlong
 from lrlhf.models import ModelConfig, ScalarModel, add_adapters, load_adapter_weights, load_causal_lm, load_tokenizer
 from lrlhf.models import reference_mode as _reference_mode
-from lrlhf.models.engines import LocalEngine, RolloutEngine
+from lrlhf.models.engines import LocalEngine, RolloutEngine, sequence_inputs
 from lrlhf.models.generation import eos_token_ids
 from lrlhf.models.reward import RewardCalibration, load_calibration
 from lrlhf.modules import rewards as reward_protocol
@@ -53,11 +53,11 @@ from lrlhf.modules.advantages import GAE, AdvantageEstimator, DynamicSampling
 from lrlhf.modules.critic import POLICY, Critic, ValueAdapter
 from lrlhf.modules.group_sharing import GroupSharing
 from lrlhf.modules.guards import PPOGuards, Precision
-from lrlhf.modules.ppo_config import MOVED_KEYS, PPOConfig, component_settings
+from lrlhf.modules.ppo_config import PPOConfig, component_settings
 from lrlhf.modules.ppo_stage import PPOStage
 from lrlhf.modules.ppo_update import PPOUpdate
 from lrlhf.modules.rewards import Meta, RewardAdapter, RewardEnsemble, RewardScores, RewardSource, reward_source
-from lrlhf.modules.rollout import Rollout, Sampled, check_finite, log_synced, rollout_stats, row_chunks, sequence_inputs
+from lrlhf.modules.rollout import Rollout, Sampled, Scored, check_finite, log_synced, row_chunks, score_rows
 from lrlhf.strategies import full_params_for_generation
 from lrlhf.utils.distributed import any_across_ranks, forward_is_collective, global_weighted_mean, seed_rank_stream
 from lrlhf.utils.errors import InvariantError
@@ -143,7 +143,6 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.overlong: Overlong = overlong if overlong is not None else Overlong()
         #: DAPO's dynamic sampling (``module.group_filter``): a group estimator's degenerate groups left out
         self.group_filter = group_filter
-        self.rollout_filter_stats: dict[str, float] = {}  # what it kept on the last rollout
         self.empty_in_a_row = 0  # rollouts in a row it left empty
         if group_filter is not None and self.advantage.samples_per_prompt < 2:
             raise ValueError("module.group_filter needs a group estimator (module/advantage=rloo|grpo, k >= 2 "
@@ -167,8 +166,6 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.tokenizer = tokenizer
         self.init_adapter = init_adapter
         self.rollouts_done = 0
-        self.rollout_disagreement: Tensor | None = None  # an ensemble reward's per-sample one on the last rollout
-        self.rollout_components: dict[str, Tensor] = {}  # the reward's named parts per sample on the last rollout
         self._adapter_names: set[str] = set()
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling),
                    **{k: component_settings(getattr(self, k))
@@ -394,53 +391,37 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         # 4. the reward of every row, in micro-batches of whole groups (where sharing may apply, as many per rank)
         k = self.sharing.scoring_group_size
         chunk = max(k, self.config.forward_batch_size // k * k)
-        raw: list[Tensor] = []
-        spread: list[Tensor] = []  # an ensemble reward's disagreement
-        components: dict[str, list[Tensor]] = {}  # a reward's named parts (rules, a mixture's sources)
-        for rows in row_chunks(query_ids.shape[0], chunk):
-            reward = self.reward_scores(query_ids[rows], query_mask[rows], response_ids[rows],
-                                        ResponseMasks(*(m[rows] for m in masks)), meta and meta[rows])
-            raw.append(reward.scores)
-            if reward.disagreement is not None:
-                spread.append(reward.disagreement)
-            for name, value in (reward.components or {}).items():
-                components.setdefault(name, []).append(value.float())
-        raw_scores = torch.cat(raw)
-        self.rollout_disagreement = torch.cat(spread) if spread else None
-        self.rollout_components = {name: torch.cat(chunks) for name, chunks in components.items()}
+        reward = score_rows(self.reward_scores, query_ids, query_mask, response_ids, masks, meta, chunk)
+        rows = Scored(query_ids, query_mask, response_ids, masks, reward, sampled_logprobs, sampled_values,
+                      sampler_logprobs)
         if self.group_filter is not None:  # dynamic sampling: groups of equal scores leave before the forwards
             zeros = response_ids.new_zeros(response_ids.shape, dtype=torch.float32)  # the scores need no log-prob
-            scores = self.compute_rewards(raw_scores, zeros, zeros, masks)[1].scores
-            keep, self.rollout_filter_stats = self.group_filter.rows(scores, self.advantage.samples_per_prompt)
-            query_ids, query_mask, response_ids = query_ids[keep], query_mask[keep], response_ids[keep]
-            masks, raw_scores = ResponseMasks(*(m[keep] for m in masks)), raw_scores[keep]
-            meta = meta and [meta[i] for i in keep.tolist()]
-            sampled_logprobs, sampled_values, sampler_logprobs = (
-                None if t is None else t[keep] for t in (sampled_logprobs, sampled_values, sampler_logprobs))
-            if self.rollout_disagreement is not None:
-                self.rollout_disagreement = self.rollout_disagreement[keep]
-            self.rollout_components = {name: value[keep] for name, value in self.rollout_components.items()}
+            scores = self.compute_rewards(reward.scores, zeros, zeros, masks)[1].scores
+            keep, stats = self.group_filter.rows(scores, self.advantage.samples_per_prompt)
+            rows = dataclasses.replace(rows.select(keep), filter_stats=stats)
         # 5. no-grad forwards of the rows kept: the reference, and the policy and values where sampling gave none
         parts: dict[str, list[Tensor]] = {"logprobs": [], "ref_logprobs": [], "values": []}
-        for rows in row_chunks(query_ids.shape[0], chunk):
-            q, qm, r = query_ids[rows], query_mask[rows], response_ids[rows]
-            parts["logprobs"].append(self.policy_forward(q, qm, r)[0] if sampled_logprobs is None
-                                     else sampled_logprobs[rows].float())
+        for chunk_rows in row_chunks(len(rows.query_ids), chunk):
+            q, qm, r = rows.query_ids[chunk_rows], rows.query_mask[chunk_rows], rows.response_ids[chunk_rows]
+            parts["logprobs"].append(self.policy_forward(q, qm, r)[0] if rows.logprobs is None
+                                     else rows.logprobs[chunk_rows].float())
             parts["ref_logprobs"].append(self.reference_logprobs(q, qm, r))
-            values = self.value_forward(q, qm, r) if sampled_values is None else sampled_values[rows]
+            values = self.value_forward(q, qm, r) if rows.values is None else rows.values[chunk_rows]
             parts["values"].append(values.float())
-        empty = response_ids.new_zeros(response_ids.shape, dtype=torch.float32)  # no row kept: (0, R)
+        empty = rows.response_ids.new_zeros(rows.response_ids.shape, dtype=torch.float32)  # no row kept: (0, R)
         scored = {name: torch.cat(chunks) if chunks else empty for name, chunks in parts.items()}
+        masks = rows.masks
         values = scored["values"] * masks.action_mask
         # rewards: the calibrated scores, the KL
-        scores, shaped = self.compute_rewards(raw_scores, scored["logprobs"], scored["ref_logprobs"], masks)
+        scores, shaped = self.compute_rewards(rows.reward.scores, scored["logprobs"], scored["ref_logprobs"], masks)
         rollout = Rollout(
-            query_ids=query_ids, query_mask=query_mask, response_ids=response_ids, masks=masks,
+            query_ids=rows.query_ids, query_mask=rows.query_mask, response_ids=rows.response_ids, masks=masks,
             logprobs=scored["logprobs"], ref_logprobs=scored["ref_logprobs"], values=values,
-            raw_scores=raw_scores, scores=scores, rewards=shaped.rewards, kl=shaped.kl,
+            raw_scores=rows.reward.scores, scores=scores, rewards=shaped.rewards, kl=shaped.kl,
             advantages=values.new_zeros(values.shape), returns=values.new_zeros(values.shape),  # step 6
             policy_mask=masks.action_mask & self.overlong.keep(masks.lengths, masks.has_eos)[:, None],
-            sampler_logprobs=(scored["logprobs"] if sampler_logprobs is None else sampler_logprobs.float()),
+            sampler_logprobs=(scored["logprobs"] if rows.sampler_logprobs is None else rows.sampler_logprobs.float()),
+            disagreement=rows.reward.disagreement, components=rows.reward.components, filter_stats=rows.filter_stats,
         )
         # 6. advantages
         advantages, returns = self.compute_advantages(rollout.rewards, rollout.values, rollout.action_mask)
@@ -455,7 +436,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.guards.start_fit()
         self.compute_precision  # noqa: B018 -- resolved (and announced) under the Trainer's precision
 
-    def training_step(self, batch: dict, batch_idx: int) -> None:
+    def training_step(self, batch: dict, batch_idx: int) -> dict | None:
         self.model.eval()  # Lightning switches to train mode before each epoch (the critic stays in eval mode)
         if batch["input_ids"].shape[0] == 0:
             self.log("rollout/empty_batches", 1.0, batch_size=1)
@@ -469,20 +450,13 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         # 1-6. rollout
         rollout = self.make_rollout(batch)
         if len(rollout) == 0:  # dynamic sampling found no group to learn from on some rank: no update
-            log_synced(self, {**self.rollout_filter_stats, "rollout/skipped_update": 1.0}, batch_size=1)
+            log_synced(self, {**rollout.filter_stats, "rollout/skipped_update": 1.0}, batch_size=1)
             self.rollouts_done += 1
             self.empty_in_a_row += 1  # no optimiser step: trainer.max_steps alone would never end the run
-            if self.empty_in_a_row >= self.group_filter.max_empty:
-                raise InvariantError(
-                    f"dynamic sampling (module.group_filter) found no group with unequal scores in "
-                    f"{self.empty_in_a_row} rollouts in a row (rollout {self.rollouts_done}): the policy solves or "
-                    "fails every prompt alike, so nothing is left to learn and no optimiser step is made. Stop here, "
-                    "or raise module.group_filter.max_empty, or lower module.group_filter.tolerance")
+            self.group_filter.check_empty(self.empty_in_a_row, self.rollouts_done)
             return None
         self.empty_in_a_row = 0
         stats = self.rollout_stats(rollout)
-        if getattr(self, "keep_last_rollout", False):  # read by lrlhf.callbacks.HighRewardAudit, until the next one
-            self.last_rollout = (batch, rollout, self.rollout_disagreement)
         # 7. update epochs on the frozen rollout
         # logged at every rollout: Lightning's logger rows repeat a step metric's last value until it is logged again
         stats["rollout/skipped_update"] = 0.0
@@ -497,27 +471,22 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         if not self.in_value_warmup():  # a warm-up rollout's KL is 0 by construction: it says nothing of beta
             self.log_dict(self.update_kl_controller(stats), batch_size=len(rollout))  # the same on every rank
         self.rollouts_done += 1
+        return {"rollout": rollout}  # the callbacks' ``outputs`` (lrlhf.callbacks.HighRewardAudit reads it)
 
     def in_value_warmup(self) -> bool:
         """True while the critic trains alone (``module.critic.warmup_rollouts``, the first N rollouts)."""
         return self.critic is not None and self.rollouts_done < self.critic.warmup_rollouts
 
     def rollout_stats(self, rollout: Rollout) -> dict[str, float]:
-        """Per-rollout statistics (:func:`~lrlhf.modules.rollout.rollout_stats`); ``reward/ensemble_std`` (an ensemble
-        reward's members' mean disagreement), ``reward/<name>`` (each named component of the reward's mean: a rule's
-        pass rate), an off-policy correction's ``offpolicy/*``, an overlong rule's ``rollout/policy_token_frac``."""
-        stats = rollout_stats(rollout, self.kl_controller.value, with_values=self.critic is not None)
-        stats.update(self.rollout_filter_stats)
+        """Per-rollout statistics (:meth:`lrlhf.modules.rollout.Rollout.stats`), an off-policy correction's
+        ``offpolicy/*`` and an overlong rule's ``rollout/policy_token_frac``."""
+        stats = rollout.stats(self.kl_controller.value, with_values=self.critic is not None)
         if self.off_policy is not None:  # how far the sampler is from the trainer, and what the correction did
             stats.update(self.off_policy.stats(rollout.logprobs, rollout.sampler_logprobs, rollout.action_mask))
         if type(self.overlong) is not Overlong:  # the share of tokens the policy loss learns from
             stats["rollout/policy_token_frac"] = float(rollout.policy_mask.sum() / rollout.action_mask.sum().clamp(1))
-        if self.rollout_disagreement is not None:
-            stats["reward/ensemble_std"] = float(self.rollout_disagreement.mean())
-        for name, value in self.rollout_components.items():  # a rule's pass rate, a mixture source's mean
-            stats[f"reward/{name}"] = float(value.mean())
         return stats
 
 
-__all__ = ["MOVED_KEYS", "PPOConfig", "PPOModule", "RewardAdapter", "RewardEnsemble", "Rollout", "Sampled",
+__all__ = ["PPOConfig", "PPOModule", "RewardAdapter", "RewardEnsemble", "Rollout", "Sampled",
            "check_finite"]

@@ -1,33 +1,16 @@
-"""Hyperparameters of PPO (``module.config``) and the keys that moved from it to the estimator, the critic and the
-KL controller (``module.advantage``, ``module.critic``, ``module.kl_controller``, ``module.policy_loss``,
-``module.kl_penalty``)."""
+"""Hyperparameters of PPO (``module.config``); the estimator, the critic, the KL controller, the policy loss and the
+KL penalty are objects of their own (``module.advantage``, ``module.critic``, ``module.kl_controller``,
+``module.policy_loss``, ``module.kl_penalty``)."""
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 
 from lrlhf.models import LoraSpec
 from lrlhf.models.decoding import DECODING
 from lrlhf.models.generation import SamplingConfig
 from lrlhf.modules.optim import OptimConfig
-
-#: ``module.config`` keys of earlier versions and the keys that replaced them: setting one fails naming the new
-#: (until lrlhf 0.2.0, which removes this table, its InitVars below and ``lrlhf.run.cli``'s refusal).
-MOVED_KEYS = {
-    "kl_coef": "module.kl_controller.kl_coef (module/kl_controller=adaptive|fixed picks the controller)",
-    "advantage_estimator": "module.advantage._target_ (module/advantage=gae|rloo|grpo, e.g. "
-                           "lrlhf.modules.advantages.RLOO); RLOO / GRPO take module.critic=null",
-    "samples_per_prompt": "module.advantage.samples_per_prompt",
-    "gamma": "module.advantage.gamma", "lam": "module.advantage.lam",
-    "whiten_advantages": "module.advantage.whiten", "whiten_scope": "module.advantage.whiten_scope",
-    "vf_coef": "module.critic.vf_coef", "value_clip_eps": "module.critic.value_clip_eps",
-    "value_lora": "module.critic.lora",
-    "value_from_policy": "module.critic._target_=lrlhf.modules.critic.SharedTrunk (module/critic=shared_trunk)",
-    "clip_eps": "module.policy_loss.clip_eps (module/policy_loss=ppo_clip|clip_higher|dual_clip|gspo picks the "
-                "objective)",
-    "kl_estimator": "module.kl_penalty.estimator (module/kl_penalty=in_reward|in_loss picks where the KL goes)",
-}
 
 
 @dataclass
@@ -87,25 +70,7 @@ class PPOConfig(OptimConfig):
     first_ratio_tolerance: float | None = None
     """Bound on the mean |ratio - 1| of the first minibatch of each rollout; None = by precision
     (:data:`lrlhf.modules.guards.RATIO_TOLERANCE`: 1e-3 full, 0.1 reduced)."""
-    # keys that moved (MOVED_KEYS): accepted only to fail naming the new key; not fields
-    kl_coef: InitVar[object] = None
-    advantage_estimator: InitVar[object] = None
-    samples_per_prompt: InitVar[object] = None
-    gamma: InitVar[object] = None
-    lam: InitVar[object] = None
-    whiten_advantages: InitVar[object] = None
-    whiten_scope: InitVar[object] = None
-    vf_coef: InitVar[object] = None
-    value_clip_eps: InitVar[object] = None
-    value_lora: InitVar[object] = None
-    value_from_policy: InitVar[object] = None
-    clip_eps: InitVar[object] = None
-    kl_estimator: InitVar[object] = None
-
-    def __post_init__(self, *moved):
-        for key, value in zip(MOVED_KEYS, moved, strict=True):
-            if value is not None:
-                raise ValueError(f"module.config.{key} is gone: set {MOVED_KEYS[key]}")
+    def __post_init__(self):
         if isinstance(self.policy_lora, dict):  # from a YAML/Hydra config
             self.policy_lora = LoraSpec(**self.policy_lora)
         self.check_optim()
@@ -139,10 +104,6 @@ class PPOConfig(OptimConfig):
         return SamplingConfig(self.max_new_tokens, self.temperature)
 
 
-for _key in MOVED_KEYS:  # an InitVar leaves its default as a class attribute: a moved key must not read as set
-    delattr(PPOConfig, _key)
-
-
 def component_settings(component) -> dict | None:
     """The hyperparameters of a component built by ``_target_`` (estimator, critic, KL controller): its class and
     its settings (a dataclass's constructor fields, or its ``settings()``), as the module's hparams record them."""
@@ -158,4 +119,4 @@ def component_settings(component) -> dict | None:
     return {"_target_": f"{cls.__module__}.{cls.__qualname__}", **settings}
 
 
-__all__ = ["MOVED_KEYS", "PPOConfig", "component_settings"]
+__all__ = ["PPOConfig", "component_settings"]

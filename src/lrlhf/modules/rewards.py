@@ -261,27 +261,6 @@ class FunctionReward(TextReward):
         return [float(self.fn(p, r)) for p, r in zip(prompts, responses, strict=True)], {}
 
 
-class _WithoutMeta(RewardSource):
-    """A source written before ``score`` took ``meta`` (lrlhf < 0.3): called without it, every other attribute its
-    own (a mixture's ``prepare``, a checkpointed calibration state)."""
-
-    def __init__(self, source):
-        self.source = source
-
-    def __getattr__(self, name):
-        source = self.__dict__.get("source")
-        if source is None:  # (while unpickling or copying, before __init__'s attribute exists)
-            raise AttributeError(name)
-        return getattr(source, name)
-
-    def build(self, model: nn.Module, tokenizer) -> nn.Module | None:
-        return self.source.build(model, tokenizer)
-
-    def score(self, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks,
-              meta: Meta = None) -> RewardScores:
-        return self.source.score(query_ids, query_mask, response_ids, masks)
-
-
 def _takes_meta(score) -> bool:
     try:
         parameters = inspect.signature(score).parameters.values()
@@ -292,12 +271,15 @@ def _takes_meta(score) -> bool:
 
 def reward_source(reward_model) -> RewardSource:
     """``module.reward_model`` as a reward source: a path or a model is a :class:`FrozenRewardModel`; an object
-    with ``build`` and ``score`` is one already (one whose ``score`` has no ``meta`` keyword, written for the
-    protocol before it, is called without it)."""
+    with ``build`` and ``score`` is one already (its ``score`` takes the ``meta`` keyword, the protocol's)."""
     if isinstance(reward_model, (str, Path, nn.Module)):
         return FrozenRewardModel(reward_model)
     if callable(getattr(reward_model, "build", None)) and callable(getattr(reward_model, "score", None)):
-        return reward_model if _takes_meta(reward_model.score) else _WithoutMeta(reward_model)
+        if not _takes_meta(reward_model.score):
+            raise TypeError(f"module.reward_model: {type(reward_model).__name__}.score must take the prompts' records "
+                            "as `meta` (score(query_ids, query_mask, response_ids, masks, meta=None), "
+                            "lrlhf.modules.rewards.RewardSource)")
+        return reward_model
     raise TypeError(f"module.reward_model must be a reward-model folder, a ScalarModel or a reward source (build and "
                     f"score, lrlhf.modules.rewards), got {type(reward_model).__name__}")
 

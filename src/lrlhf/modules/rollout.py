@@ -1,5 +1,9 @@
-"""The data of one PPO rollout: what the sampler returns (:class:`Sampled`), the frozen :class:`Rollout` the update
-epochs read, and the checks and helpers around them."""
+"""The data of one PPO rollout: what the sampler returns (:class:`Sampled`), the scored rows before the forwards
+(:class:`Scored`), the frozen :class:`Rollout` the update epochs read, and the checks and helpers around them.
+
+A rollout carries everything it produced (a reward's disagreement and named components, the dynamic-sampling
+filter's statistics) as fields, so rows are kept or dropped in one place (:func:`select_rows`): a field added later
+is selected with the others, never misaligned by hand."""
 
 from __future__ import annotations
 
@@ -12,6 +16,40 @@ from torch import Tensor
 
 from lrlhf.functional import ResponseMasks, explained_variance, kl_k1, masked_mean, masked_sum
 from lrlhf.models.engines import sequence_inputs  # the layout of prompt + response, one place for every forward
+from lrlhf.modules.rewards import RewardScores
+
+
+def take_rows(value, rows: Tensor):
+    """``value``'s rows ``rows``: a tensor indexed, a dict or NamedTuple of them each taken, a list picked; None and
+    plain numbers (a rollout's statistics) as they are."""
+    if isinstance(value, Tensor):
+        return value[rows]
+    if isinstance(value, dict):
+        return {name: take_rows(item, rows) for name, item in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(take_rows(item, rows) for item in value))
+    if isinstance(value, list):
+        return [value[i] for i in rows.tolist()]
+    return value
+
+
+def select_rows(data, rows: Tensor):
+    """The dataclass ``data`` with every field's rows ``rows`` (:func:`take_rows`)."""
+    return dataclasses.replace(data, **{f.name: take_rows(getattr(data, f.name), rows)
+                                        for f in dataclasses.fields(data)})
+
+
+def concat_scores(parts: list[RewardScores]) -> RewardScores:
+    """One :class:`RewardScores` of the row chunks ``parts`` scored in turn (components as float32)."""
+    spread = [part.disagreement for part in parts if part.disagreement is not None]
+    if spread and len(spread) != len(parts):
+        raise ValueError("a reward source gave a disagreement for some row chunks of a rollout and not for others")
+    components: dict[str, list[Tensor]] = {}
+    for part in parts:
+        for name, value in (part.components or {}).items():
+            components.setdefault(name, []).append(value.float())
+    return RewardScores(torch.cat([part.scores for part in parts]), torch.cat(spread) if spread else None,
+                        {name: torch.cat(chunks) for name, chunks in components.items()})
 
 
 class Sampled(NamedTuple):
@@ -31,6 +69,25 @@ class Sampled(NamedTuple):
 
 
 @dataclass(frozen=True)
+class Scored:
+    """A rollout's rows before its forwards (steps 1-4 of :meth:`PPOModule.make_rollout`): the sampled responses,
+    their reward, and what the sampler gave (``logprobs``/``values``: the old ones, or None for the trainer's
+    forwards to compute; ``sampler_logprobs``: mu). :meth:`select` keeps rows (dynamic sampling)."""
+
+    query_ids: Tensor
+    query_mask: Tensor
+    response_ids: Tensor
+    masks: ResponseMasks
+    reward: RewardScores
+    logprobs: Tensor | None = None
+    values: Tensor | None = None
+    sampler_logprobs: Tensor | None = None
+    filter_stats: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    select = select_rows
+
+
+@dataclass(frozen=True)
 class Rollout:
     """One rollout, frozen for the update epochs. ``B`` rows, ``P`` prompt columns, ``R`` response columns.
 
@@ -47,6 +104,9 @@ class Rollout:
             ``module.overlong`` leaves out (truncated ones, with ``module/overlong=mask``).
         sampler_logprobs: ``(B, R)`` the sampler's own log-probs of the tokens (``mu``); equal to ``logprobs``
             unless the old log-probs were recomputed by the trainer (:mod:`lrlhf.functional.off_policy`).
+        disagreement: ``(B,)`` an ensemble reward's per-sample std of its members, or None.
+        components: ``name -> (B,)`` the reward's named parts (a rule's pass, a mixture source's score).
+        filter_stats: what dynamic sampling kept of the rows sampled (``rollout/groups_*``); empty without it.
     """
 
     query_ids: Tensor
@@ -64,6 +124,9 @@ class Rollout:
     returns: Tensor
     policy_mask: Tensor
     sampler_logprobs: Tensor
+    disagreement: Tensor | None = None
+    components: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    filter_stats: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __len__(self) -> int:
         return self.query_ids.shape[0]
@@ -73,15 +136,54 @@ class Rollout:
         return self.masks.action_mask
 
     def tensors(self) -> dict[str, Tensor]:
-        """Every tensor by name (mask fields as ``masks.<field>``)."""
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "masks"}
+        """Every tensor by name (mask fields as ``masks.<field>``, components as ``components.<name>``)."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if isinstance(getattr(self, f.name), Tensor)}
         out.update({f"masks.{k}": v for k, v in self.masks._asdict().items()})
+        out.update({f"components.{k}": v for k, v in self.components.items()})
         return out
 
-    def select(self, rows: Tensor) -> Rollout:
-        """The rows ``rows`` (a minibatch)."""
-        fields = {f.name: getattr(self, f.name)[rows] for f in dataclasses.fields(self) if f.name != "masks"}
-        return Rollout(masks=ResponseMasks(*(m[rows] for m in self.masks)), **fields)
+    #: The rows ``rows`` (a minibatch, the groups dynamic sampling keeps): every field's (:func:`select_rows`).
+    select = select_rows
+
+    def stats(self, kl_coef: float, with_values: bool) -> dict[str, float]:
+        """Per-rollout statistics: scores, KL (and its cost at beta ``kl_coef``), rewards, lengths, EOS rate, the
+        critic's explained variance when ``with_values``, what dynamic sampling kept (``rollout/groups_*``), an
+        ensemble reward's mean disagreement (``reward/ensemble_std``) and each named component's mean
+        (``reward/<name>``: a rule's pass rate, a mixture source's score)."""
+        masks, mask = self.masks, self.action_mask
+        lengths = masks.lengths.float()
+        kl_seq = masked_sum(self.kl, mask, dim=1)
+        stats = {
+            "rollout/size": float(len(self)),
+            "rollout/score_raw": self.raw_scores.mean(),
+            "rollout/score": self.scores.mean(),
+            "rollout/kl_seq": kl_seq.mean(),
+            "rollout/kl_token": masked_mean(self.kl, mask),
+            "rollout/kl_k1": masked_mean(kl_k1(self.logprobs, self.ref_logprobs), mask),
+            "rollout/kl_cost": kl_coef * kl_seq.mean(),
+            "rollout/reward_total": masked_sum(self.rewards, mask, dim=1).mean(),
+            "rollout/length_mean": lengths.mean(),
+            "rollout/length_p95": torch.quantile(lengths, 0.95),
+            "rollout/eos_rate": masks.has_eos.float().mean(),
+            "rollout/truncated": (~masks.has_eos & (masks.lengths > 0)).float().sum(),
+            "rollout/advantage_mean": masked_mean(self.advantages, mask),
+        }
+        if with_values and mask.any():
+            stats["ppo/explained_variance"] = explained_variance(self.values, self.returns, mask)
+        stats.update(self.filter_stats)
+        if self.disagreement is not None:
+            stats["reward/ensemble_std"] = self.disagreement.mean()
+        stats.update({f"reward/{name}": value.mean() for name, value in self.components.items()})
+        return {k: float(v) for k, v in stats.items()}
+
+
+def score_rows(score, query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, masks: ResponseMasks, meta,
+               size: int) -> RewardScores:
+    """The reward of every row, ``score``-d (:meth:`PPOModule.reward_scores`) ``size`` rows at a time: one
+    :class:`RewardScores` of them all (:func:`concat_scores`)."""
+    return concat_scores([score(query_ids[rows], query_mask[rows], response_ids[rows], take_rows(masks, rows),
+                                meta and meta[rows]) for rows in row_chunks(len(query_ids), size)])
 
 
 def row_chunks(n: int, size: int):
@@ -105,32 +207,6 @@ def check_finite(rollout: Rollout, index: int) -> None:
             )
 
 
-def rollout_stats(rollout: Rollout, kl_coef: float, with_values: bool) -> dict[str, float]:
-    """Per-rollout statistics: scores, KL (and its cost at beta ``kl_coef``), rewards, lengths, EOS rate, and the
-    critic's explained variance when ``with_values``."""
-    masks, mask = rollout.masks, rollout.action_mask
-    lengths = masks.lengths.float()
-    kl_seq = masked_sum(rollout.kl, mask, dim=1)
-    stats = {
-        "rollout/size": float(len(rollout)),
-        "rollout/score_raw": rollout.raw_scores.mean(),
-        "rollout/score": rollout.scores.mean(),
-        "rollout/kl_seq": kl_seq.mean(),
-        "rollout/kl_token": masked_mean(rollout.kl, mask),
-        "rollout/kl_k1": masked_mean(kl_k1(rollout.logprobs, rollout.ref_logprobs), mask),
-        "rollout/kl_cost": kl_coef * kl_seq.mean(),
-        "rollout/reward_total": masked_sum(rollout.rewards, mask, dim=1).mean(),
-        "rollout/length_mean": lengths.mean(),
-        "rollout/length_p95": torch.quantile(lengths, 0.95),
-        "rollout/eos_rate": masks.has_eos.float().mean(),
-        "rollout/truncated": (~masks.has_eos & (masks.lengths > 0)).float().sum(),
-        "rollout/advantage_mean": masked_mean(rollout.advantages, mask),
-    }
-    if with_values and mask.any():
-        stats["ppo/explained_variance"] = explained_variance(rollout.values, rollout.returns, mask)
-    return {k: float(v) for k, v in stats.items()}
-
-
 #: Statistics that are not means: reduced across ranks with their own operation when logged.
 STAT_REDUCTIONS = {"rollout/size": "sum", "rollout/truncated": "sum", "ppo/ratio_max": "max",
                    "offpolicy/ratio_max": "max", "rollout/groups_sampled": "sum", "rollout/groups_kept": "sum"}
@@ -145,5 +221,5 @@ def log_synced(module, stats: dict[str, float], batch_size: int) -> None:
             module.log_dict(part, batch_size=batch_size, sync_dist=True, reduce_fx=op)
 
 
-__all__ = ["STAT_REDUCTIONS", "Rollout", "Sampled", "check_finite", "log_synced", "rollout_stats", "row_chunks",
-           "sequence_inputs"]
+__all__ = ["STAT_REDUCTIONS", "Rollout", "Sampled", "Scored", "check_finite", "concat_scores", "log_synced",
+           "row_chunks", "score_rows", "select_rows", "sequence_inputs", "take_rows"]

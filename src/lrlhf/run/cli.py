@@ -239,25 +239,6 @@ def _task(cfg: DictConfig) -> dict:
         raise SystemExit(1) from None
 
 
-def _refuse_moved_keys(args: list[str]) -> None:
-    """An override of a key that moved (Hydra would only say it is not in the struct) fails naming the new key (until
-    lrlhf 0.2.0: PPO's and DPO's moved ``module.config`` keys, and :mod:`lrlhf.callbacks.kl_control`)."""
-    keys = [a.lstrip("+~").split("=", 1)[0] for a in args]
-    if not any(k.startswith(("module.config.", "callbacks.kl_control")) for k in keys):
-        return
-    from lrlhf.modules.dpo import DPO_MOVED_KEYS
-    from lrlhf.modules.ppo_config import MOVED_KEYS
-
-    moved = {**MOVED_KEYS, **DPO_MOVED_KEYS}
-    for key in keys:
-        if key.startswith("callbacks.kl_control"):
-            raise SystemExit(f"lrlhf: error: {key} is gone: the KL controller is module.kl_controller "
-                             "(module/kl_controller=adaptive|fixed, module.kl_controller.kl_coef=...)")
-        name = key.removeprefix("module.config.")
-        if name != key and name in moved:
-            raise SystemExit(f"lrlhf: error: {key} is gone: set {moved[name]}")
-
-
 def _sized_for_the_machine(args: list[str]) -> list[str]:
     """``model=hf`` without a GPU and without an ``hparams=`` of the user's: the CPU-sized stages (``hparams=cpu``),
     said in one line (#36: the GPU sizes began a 1000-step SFT at 64 s a step, without a word)."""
@@ -282,7 +263,6 @@ def main(argv: list[str] | None = None) -> None:
     if not (ROOT / "configs" / "train.yaml").is_file():
         raise SystemExit(f"lrlhf: no configs/train.yaml under {ROOT}; run from a checkout (pip install -e .)")
     verbose, args = verbose_requested(list(sys.argv[1:] if argv is None else argv))
-    _refuse_moved_keys(args)
     args = _sized_for_the_machine(args)
     setup_console(verbose, wandb_offline=_wandb_offline())
     register()
