@@ -174,6 +174,10 @@ def test_ppo_on_an_hh_world_with_a_real_tokenizer_runs_every_stage_and_reports_t
         assert (stages[name] / "model" / "config.json").is_file(), name
     judge = json.loads((stages["judge_rm"] / "summary.json").read_text())
     assert 0.0 <= judge["test/accuracy"] <= 1.0 and {"test/accuracy_interval", "test/longer_wins"} <= judge.keys()
+    # the verdict says what the judge can see: its own held-out accuracy, next to the win rate
+    assert summary["judge/accuracy"] == judge["test/pair_accuracy"]
+    assert summary["judge/longer_wins"] == judge["test/longer_wins"] and summary["judge/pairs"] == judge["test/pairs"]
+    assert f"the judge's own held-out pairwise accuracy: {judge['test/pair_accuracy']:.3f}" in out.stdout
     # the early stopping judge is the judge stage's model, and the data report is in summary.json
     config = (tmp_path / "run" / ".hydra" / "config.yaml").read_text()
     assert "judge_rm" in config

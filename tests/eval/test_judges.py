@@ -73,3 +73,49 @@ def test_one_resolver_for_eval_judge_and_the_early_stopping_utility():
         resolve_judge(3, key=key)
     with pytest.raises(ValueError, match=r"callbacks\.early_stopping\.utility='math:pi' is not callable"):
         resolve_judge("math:pi", key=key)
+
+
+# ---------------------------------------------------------------------------------- what a judge can see
+def test_a_reward_model_judge_brings_its_stage_s_held_out_accuracy(tmp_path):
+    import json
+
+    from lrlhf.eval.best_of_n import toy_gold_judge
+    from lrlhf.eval.judges import judge_accuracy
+
+    stage = tmp_path / "judge_rm-abc"
+    (stage / "model").mkdir(parents=True)
+    (stage / "summary.json").write_text(json.dumps({"test/pair_accuracy": 0.61, "test/accuracy_interval": [0.55, 0.67],
+                                                    "test/pairs": 240, "test/longer_wins": 0.52}))
+
+    def judge(prompt, response):
+        return 0.0
+
+    judge.folder = str(stage / "model")  # as reward_model_judge marks the one it builds
+    assert judge_accuracy(judge) == {"judge/accuracy": 0.61, "judge/accuracy_interval": [0.55, 0.67],
+                                     "judge/pairs": 240, "judge/longer_wins": 0.52,
+                                     "judge/source": str(stage / "summary.json")}
+    judge.folder = str(tmp_path / "elsewhere")
+    assert judge_accuracy(judge) == {"judge/accuracy": None}  # nothing known, said as such
+    judge.heldout = {"accuracy": 0.7, "pairs": 50}  # a user's judge may carry its own figures
+    assert judge_accuracy(judge)["judge/accuracy"] == 0.7 and judge_accuracy(judge)["judge/pairs"] == 50
+    assert judge_accuracy(toy_gold_judge) == {}  # the toy world's gold is exact
+
+
+@pytest.mark.parametrize(("figures", "warning"), [
+    ({"judge/accuracy": 0.61, "judge/accuracy_interval": [0.55, 0.67], "judge/longer_wins": 0.52}, None),
+    ({"judge/accuracy": 0.56, "judge/accuracy_interval": [0.50, 0.62], "judge/longer_wins": 0.40}, "chance"),
+    ({"judge/accuracy": 0.56, "judge/accuracy_interval": [0.49, 0.62]}, "chance"),
+    ({"judge/accuracy": 0.60, "judge/accuracy_interval": [0.51, 0.69], "judge/longer_wins": 0.60}, "length"),
+    ({"judge/accuracy": 0.60, "judge/accuracy_interval": [0.51, 0.69], "judge/longer_wins": 0.601}, "length"),
+    ({"judge/accuracy": None}, "not known"),
+])
+def test_the_verdict_line_says_what_the_judge_can_see_and_warns_near_chance(figures, warning):
+    from lrlhf.utils.console import judge_lines
+
+    text = "\n".join(judge_lines(figures))
+    if figures["judge/accuracy"] is not None:
+        assert f"held-out pairwise accuracy: {figures['judge/accuracy']:.3f}" in text
+    assert ("cannot be told from chance" in text) == (warning == "chance")
+    assert ("may measure length" in text) == (warning == "length")
+    assert ("not known" in text) == (warning == "not known")
+    assert judge_lines({"gold/sft": 0.5}) == []  # no judge, nothing said

@@ -37,7 +37,7 @@ from lrlhf.eval.best_of_n import bon_kl
 from lrlhf.eval.diversity import distinct_n, self_similarity
 from lrlhf.eval.frontier import gap_to_curve, mean_curve, per_prompt_curves
 from lrlhf.eval.heldout import ModelPolicy, sample_held_out
-from lrlhf.eval.judges import is_pairwise, judge_pairs, resolve_judge, score_responses
+from lrlhf.eval.judges import is_pairwise, judge_accuracy, judge_pairs, resolve_judge, score_responses
 from lrlhf.eval.lc_winrate import length_controlled_win_rate
 from lrlhf.eval.plots import plot_goodhart, plot_utility_vs_kl
 from lrlhf.eval.report import subgroup_means, worst_subgroup, write_table
@@ -401,7 +401,7 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
         _log(logger, rows, plots, hyperparams or {}, results)
     return {"table": str(md), "csv": str(csv_path), "results": str(out_dir / "eval_results.json"), "plots": plots,
             "table_markdown": md.read_text(), **{f"gold/{r['policy']}": r.get("gold") for r in rows},
-            "export": str(out_dir)}
+            **({} if judge_is_gold else judge_accuracy(judge)), "export": str(out_dir)}
 
 
 def _frontier_gaps(samples: Samples, kl: float, curves: dict, n_resamples: int, seed: int) -> dict:

@@ -14,8 +14,10 @@ callback's ``utility`` alike.
 from __future__ import annotations
 
 import importlib
+import json
 import random
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from lrlhf.data.records import PromptExample
@@ -68,7 +70,36 @@ def reward_model_judge(folder: str, max_length: int = 1024) -> Judge:
 
     judge.score_batch = scorer  # batched: (prompt_records, response_texts) -> scores
     judge.__name__ = f"rm:{folder}"
+    judge.folder = folder  # where its own held-out accuracy is found (judge_accuracy)
     return judge
+
+
+def judge_accuracy(judge) -> dict:
+    """What is known of a judge's own held-out accuracy, as ``judge/*`` summary keys printed next to every verdict
+    it gives (:func:`lrlhf.utils.console.judge_lines`). For a reward-model judge (``rm:<folder>``) built by an RM
+    stage, that stage's ``summary.json`` (in the folder or beside it): ``judge/accuracy`` (pairwise accuracy on its
+    held-out pairs), ``judge/accuracy_interval``, ``judge/pairs``, ``judge/longer_wins`` (what "the longer answer
+    wins" scores on the same pairs) and ``judge/source``. A judge of the user's may carry them itself as a
+    ``heldout`` dict (``accuracy``, ``accuracy_interval``, ``pairs``, ``longer_wins``). ``{"judge/accuracy": None}``
+    when nothing is known; ``{}`` for the toy world's gold, which is exact."""
+    from lrlhf.eval.best_of_n import toy_gold_judge
+
+    if judge is toy_gold_judge:
+        return {}
+    own = getattr(judge, "heldout", None)
+    if isinstance(own, dict) and "accuracy" in own:
+        return {f"judge/{key}": own.get(key) for key in ("accuracy", "accuracy_interval", "pairs", "longer_wins")} | {
+            "judge/source": f"{getattr(judge, '__name__', type(judge).__name__)}.heldout"}
+    folder = getattr(judge, "folder", None)
+    for candidate in (Path(folder), Path(folder).parent) if folder else ():
+        path = candidate / "summary.json"
+        summary = json.loads(path.read_text()) if path.is_file() else {}
+        if "test/pair_accuracy" in summary:
+            return {"judge/accuracy": summary["test/pair_accuracy"],
+                    "judge/accuracy_interval": summary.get("test/accuracy_interval"),
+                    "judge/pairs": summary.get("test/pairs"), "judge/longer_wins": summary.get("test/longer_wins"),
+                    "judge/source": str(path)}
+    return {"judge/accuracy": None}
 
 
 def resolve_judge(spec: str | Callable | Any, key: str = "eval.judge") -> Any:

@@ -76,10 +76,11 @@ def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[Prompt
     gain ``gold/<name>_solved_gain`` with its interval.
 
     ``judge``: ``toy_gold`` (keys ``gold/...``: the toy world's gold utility), or any judge of
-    :func:`lrlhf.eval.judges.resolve_judge` (keys ``judge/...``: a world without gold reports no "gold").
+    :func:`lrlhf.eval.judges.resolve_judge` (keys ``judge/...``: a world without gold reports no "gold"), with the
+    judge's own held-out accuracy where it is known (:func:`lrlhf.eval.judges.judge_accuracy`).
     ``prompts``: records or a file read as prompts; ``max_prompts``: the first N only (None: all), each cut from the
     left to ``max_prompt_length`` tokens."""
-    from lrlhf.eval.judges import judge_pairs, resolve_judge
+    from lrlhf.eval.judges import judge_accuracy, judge_pairs, resolve_judge
 
     label = "gold" if judge == "toy_gold" else "judge"
     judge = resolve_judge(judge, key="eval.judge")
@@ -101,12 +102,12 @@ def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[Prompt
     sft, trained = per_prompt(u_sft), per_prompt(u_model)
     diff = [b - a for a, b in zip(sft, trained, strict=True)]
     wins = per_prompt([1.0 if b > a else 0.5 if b == a else 0.0 for a, b in zip(u_sft, u_model, strict=True)])
-    out = {}
+    out = judge_accuracy(judge)  # what the judge itself can see, printed next to its verdict
     if label == "gold":  # the toy world's exact solutions: a verifiable reward's solve rate (#32)
         solved_sft = per_prompt([float(u >= 1.0) for u in u_sft])
         solved = per_prompt([float(u >= 1.0) for u in u_model])
         gain = [b - a for a, b in zip(solved_sft, solved, strict=True)]
-        out = {"gold/sft_solved": sum(solved_sft) / len(solved_sft), f"gold/{name}_solved": sum(solved) / len(solved),
+        out |= {"gold/sft_solved": sum(solved_sft) / len(solved_sft), f"gold/{name}_solved": sum(solved) / len(solved),
                f"gold/{name}_solved_gain": sum(gain) / len(gain),
                f"gold/{name}_solved_gain_interval": bootstrap_interval(gain)}
     return out | {f"{label}/sft": sum(sft) / len(sft), f"{label}/sft_interval": bootstrap_interval(sft),

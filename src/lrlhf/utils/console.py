@@ -111,10 +111,6 @@ def setup_console(verbose: bool = False, wandb_offline: bool | None = None) -> N
     warnings.showwarning = _show_warning
 
 
-def is_verbose() -> bool:
-    return verbose_requested([])[0]
-
-
 class TqdmHandler(logging.StreamHandler):
     """A stream handler that writes through ``tqdm.write``: a log line printed while a progress bar is drawn
     goes above the bar instead of into it."""
@@ -164,11 +160,39 @@ def recipes_help(folder: Path) -> str:
     return "\n".join(lines).replace("$", "$$")
 
 
+def judge_lines(summary: dict) -> list[str]:
+    """What a held-out judge can see, printed next to every verdict it gives (``judge/accuracy`` and its
+    companions, :func:`lrlhf.eval.judges.judge_accuracy`): its own pairwise accuracy on its held-out pairs beside
+    what "the longer answer wins" scores there, and a plain warning when that accuracy cannot be told from chance
+    (its 95% interval reaches 0.5) or is no better than length alone."""
+    if "judge/accuracy" not in summary:
+        return []
+    accuracy = summary["judge/accuracy"]
+    if accuracy is None:
+        return ["  the judge's own held-out accuracy is not known (not an RM stage's judge): a verdict with no "
+                "measure of what the judge can see"]
+    interval, pairs, longer = (summary.get(f"judge/{k}") for k in ("accuracy_interval", "pairs", "longer_wins"))
+    line = f"  the judge's own held-out pairwise accuracy: {accuracy:.3f}"
+    line += f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else ""
+    line += f" on {pairs} pairs" if pairs else ""
+    line += f"; longer wins {longer:.3f}" if longer is not None else ""
+    lines = [line]
+    if (interval[0] if interval else accuracy) <= 0.5:
+        lines.append("  warning: the judge's accuracy cannot be told from chance (its 95% interval reaches 0.5): this "
+                     "verdict cannot tell a gain from none")
+    elif longer is not None and accuracy <= longer:
+        lines.append("  warning: the judge is no more accurate than 'the longer answer wins' on its own pairs: this "
+                     "verdict may measure length")
+    return lines
+
+
 def print_summary(summary: dict) -> None:
     """The end of a run's console story: the stage's figures from its ``summary.json``, where its outputs are."""
     print(f"\n== lrlhf {summary['stage']}: done ==")
     if summary["stage"] == "eval":
         print(summary["table_markdown"])
+        for line in judge_lines(summary):  # what the table's judge can see
+            print(line.strip())
         print(f"table: {summary['table']} (and {summary['csv']}); plots: {', '.join(summary['plots'].values())}")
         print(f"run folder: {summary['run_dir']}")
         return
@@ -185,6 +209,8 @@ def print_summary(summary: dict) -> None:
         if f"{kind}/{name}_win_rate" in summary:
             lo, hi = summary[f"{kind}/{name}_win_rate_interval"]
             print(f"  {label} win rate against SFT: {summary[f'{kind}/{name}_win_rate']:.3f} [{lo:.3f}, {hi:.3f}]")
+        for line in judge_lines(summary) if kind == "judge" else ():
+            print(line)
         if f"gold/{name}_solved" in summary and kind == "gold":
             lo, hi = summary[f"gold/{name}_solved_gain_interval"]
             solved, gain = summary[f"gold/{name}_solved"], summary[f"gold/{name}_solved_gain"]
