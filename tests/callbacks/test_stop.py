@@ -91,6 +91,7 @@ def test_the_message_gives_the_command_that_resumes(tmp_path):
     assert gone.code == 130
     assert "builds it again from its start" in gone.message(["recipe=ppo_lora"])
     assert gone.message(["recipe=ppo_lora"]).splitlines()[-1] == "  python train.py recipe=ppo_lora"
+    assert gone.message(["recipe=ppo_lora"], "lrlhf train").splitlines()[-1] == "  lrlhf train recipe=ppo_lora"
 
 
 class BatchSignal(Callback):

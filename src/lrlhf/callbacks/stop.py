@@ -61,21 +61,22 @@ class TrainingStopped(SystemExit):
         self.stage, self.unit, self.done = stage, unit, done
         self.checkpoint, self.run_dir, self.resume_key, self.global_zero = checkpoint, run_dir, resume_key, global_zero
 
-    def message(self, args: list[str]) -> str:
-        """What to tell the user, given the command's arguments (``train.py`` overrides)."""
+    def message(self, args: list[str], prog: str = "python train.py") -> str:
+        """What to tell the user, given the command's arguments (``train.py`` overrides) and how it was launched
+        (``prog``: ``python train.py`` or ``lrlhf train``)."""
         stage = f"the `{self.stage}` stage" if self.stage else "training"
         if not Path(self.checkpoint).exists():  # a needed stage's build folder: removed, nothing half-built is kept
             return (f"stopped on {self.signal_name} while building {stage} ({self.unit} {self.done}); a needed stage "
                     "is cached only once complete, so the same command builds it again from its start:\n"
-                    f"  {_command(args)}")
+                    f"  {_command(args, prog)}")
         keep = [a for a in args if a.lstrip("+").split("=", 1)[0] not in ("hydra.run.dir", "ckpt_path")]
-        resume = _command([*keep, f"hydra.run.dir={self.run_dir}", f"ckpt_path={self.resume_key}"])
+        resume = _command([*keep, f"hydra.run.dir={self.run_dir}", f"ckpt_path={self.resume_key}"], prog)
         return (f"stopped on {self.signal_name} after {self.unit} {self.done} of {stage}; checkpoint: "
                 f"{self.checkpoint}\nresume with:\n  {resume}")
 
 
-def _command(args: list[str]) -> str:
-    return " ".join(["python train.py", *(shlex.quote(a) for a in args)])
+def _command(args: list[str], prog: str) -> str:
+    return " ".join([prog, *(shlex.quote(a) for a in args)])
 
 
 class StopOnSignal(Callback):

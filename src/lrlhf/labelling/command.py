@@ -17,7 +17,7 @@ from lrlhf.labelling.store import LabelStore
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lrlhf", description="lrlhf's command line (training: python train.py ...)")
+    p = argparse.ArgumentParser(prog="lrlhf", description="lrlhf's labelling page (lrlhf --help: every verb)")
     commands = p.add_subparsers(dest="command", required=True)
     label = commands.add_parser("label", help="serve the preference-labelling page for a to-label file")
     label.add_argument("file", help="pairs in the preference format (prompt, chosen, rejected), e.g. "

@@ -42,7 +42,9 @@ from lrlhf.utils.distributed import close_process_group
 from lrlhf.utils.errors import InvariantError
 from lrlhf.utils.io import atomic_write_text
 
-ROOT = Path(__file__).resolve().parents[3]
+#: The shipped configuration: ``configs/`` (Hydra's primary config folder), ``recipes/`` and ``callbacks/``, package
+#: data of the wheel (the checkout's top-level ``configs``, ``recipes`` and ``callbacks`` link here).
+ROOT = Path(__file__).resolve().parents[1] / "conf"
 TOP_LEVEL_GROUPS = {"recipe": "recipes", "callbacks": "callbacks"}
 
 # ------------------------------------------------------------------------------------------- setup
@@ -253,15 +255,17 @@ def _sized_for_the_machine(args: list[str]) -> list[str]:
     return [*args, "hparams=cpu"]
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
     """``--verbose`` (or ``LRLHF_VERBOSE=1``) shows everything (:mod:`lrlhf.utils.console`); a run stopped by
-    SIGTERM / SIGINT (:class:`~lrlhf.callbacks.StopOnSignal`) ends with the command that resumes it."""
+    SIGTERM / SIGINT (:class:`~lrlhf.callbacks.StopOnSignal`) ends with the command that resumes it (``prog``: how
+    the user launched it, ``python train.py`` or ``lrlhf train``)."""
     import hydra
 
     from lrlhf.utils.console import setup_console, verbose_requested
 
     if not (ROOT / "configs" / "train.yaml").is_file():
-        raise SystemExit(f"lrlhf: no configs/train.yaml under {ROOT}; run from a checkout (pip install -e .)")
+        raise SystemExit(f"lrlhf: no configs/train.yaml under {ROOT}: the package was installed without its "
+                         "configuration (reinstall lrlhf)")
     verbose, args = verbose_requested(list(sys.argv[1:] if argv is None else argv))
     args = _sized_for_the_machine(args)
     setup_console(verbose, wandb_offline=_wandb_offline())
@@ -274,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         if stopping is not None and isinstance(stop, stopping.TrainingStopped):
             close_process_group()  # every rank stopped at the same boundary; none may exit with the group open
             if stop.global_zero:
-                print(stop.message(args), flush=True)
+                print(stop.message(args, prog), flush=True)
         raise
     except KeyboardInterrupt:
         print("\nlrlhf: interrupted (Ctrl+C)", file=sys.stderr, flush=True)
