@@ -129,6 +129,7 @@ def ours_parts(model_dir: Path, prompts, args, reward: str = "separate"):
     from lrlhf.data.records import PromptExample
     from lrlhf.functional import FixedKLController
     from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
+    from lrlhf.models.engines import MergedEngine
     from lrlhf.modules import PPOConfig, PPOModule
     from lrlhf.modules.critic import SharedTrunk, ValueAdapter
     from lrlhf.modules.ppo import RewardAdapter
@@ -144,8 +145,9 @@ def ours_parts(model_dir: Path, prompts, args, reward: str = "separate"):
     else:
         torch.manual_seed(args.seed + 1)
         reward_model = ScalarModel(load_causal_lm(cfg))
+    engine = MergedEngine() if getattr(args, "engine", "local") == "merged" else None  # dtype auto: the run's
     module = PPOModule(load_causal_lm(cfg), reward_model, tokenizer, config, critic=critic,
-                       kl_controller=FixedKLController(0.05))
+                       kl_controller=FixedKLController(0.05), engine=engine)
     data = PromptDataModule(tokenizer, train=[PromptExample(p) for p in prompts], batch_size=args.batch,
                             max_length=128)
     return module, data
@@ -454,6 +456,7 @@ def main() -> None:
                         "list is timed mode by mode on the same prompts, e.g. eager,static,compiled")
     parser.add_argument("--peers", default="", help="with --sampling: also time these peers on the same batch "
                         "(generate: plain transformers generate, the per-decode-step overhead beside ours)")
+    parser.add_argument("--engine", default="local", choices=["local", "merged"], help="ours: module/engine=...")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"], help="both sides on this device")
     parser.add_argument("--shape", default="reference", choices=sorted(SHAPES),
                         help="model shape of the time and sampling runs (reference: the CPU config above)")

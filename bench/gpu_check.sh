@@ -15,6 +15,8 @@
 #        python bench/compare_trl.py --device cuda --shape qwen05 --precision bf16-mixed --batch 64 --new 128 ...
 #   3. the rollout sampling throughput of our sampler (PPOModule.sample) at that shape, eager and compiled:
 #        python bench/compare_trl.py --sampling --device cuda --shape qwen05 --precision bf16-mixed ...
+#   4. (with what is left of the budget; not run is not a failure) the same sampler on the policy merged into a
+#      copy in the run's dtype (module/engine=merged): ... --sampling --decoding eager --engine merged ...
 # It ends with a Markdown block for bench/RESULTS.md (date, GPU, driver, versions, every figure with the
 # command that produced it), also written to <out>/block.md with every part's log.
 #
@@ -123,7 +125,7 @@ run_part() {
   fi
   printf '{"rc": %d, "wall_s": %d, "timeout_s": %d}\n' "$rc" $((SECONDS - start)) "$limit" > "$LOGS/$name.status"
   echo "== $name: exit $rc after $((SECONDS - start)) s"
-  if ((rc != 0)); then
+  if ((rc != 0)) && ! { [[ $name == merged ]] && ((rc == 125)); }; then  # part 4 only when time is left
     FAILED=1
     tail -5 "$LOGS/$name.log" | sed 's/^/   | /'
   fi
@@ -163,6 +165,11 @@ grep -E "^\| (lrlhf|TRL)|^ratio|^our phases|^our rollout" "$LOGS/compare.log" | 
 run_part sampling "$(min "${SMP_TIMEOUT_S:-120}" $(($(left) - 5)))" \
   "$PYTHON" bench/compare_trl.py --sampling --decoding eager,compiled "${SHAPE[@]}" --json "$LOGS/sampling.json"
 grep -E "^\| (eager|compiled)|x eager's speed per rollout" "$LOGS/sampling.log" | sed 's/^/   /' || true
+
+# 4. the sampler on the policy merged into a bf16 copy (module/engine=merged), with what is left of the budget
+run_part merged "$(min "${MRG_TIMEOUT_S:-90}" $(($(left) - 5)))" \
+  "$PYTHON" bench/compare_trl.py --sampling --decoding eager --engine merged "${SHAPE[@]}" --json "$LOGS/merged.json"
+grep -E "^\| eager" "$LOGS/merged.log" | sed 's/^/   /' || true
 
 # ---------------------------------------------------------------------------------------------- block
 REPORT=(report "$LOGS" "$T" --total-s "$SECONDS")

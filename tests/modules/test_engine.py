@@ -88,3 +88,97 @@ def test_the_guard_measures_every_rollout_of_a_correct_run(world, tokenizer, tmp
     mask = torch.ones_like(ids)
     torch.testing.assert_close(teacher_forced_logprobs(model, ids, mask, ids[:, -4:], 1.0),
                                module.policy_forward(ids, mask, ids[:, -4:])[0], atol=1e-5, rtol=0)
+
+
+# ------------------------------------------------------------------------------------- the merged engine
+def _perturb_policy(model, seed):
+    """Move the policy adapter away from the identity (B = 0 at init), as updates do."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name and ".policy." in name:
+                p.copy_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def test_the_merged_engine_is_the_policy_merged_into_a_copy_and_follows_each_sync(world, tokenizer):
+    from lrlhf.models.engines import MergedEngine
+    from lrlhf.modules.guards import Precision, check_engine_sync
+
+    module = _module(world, tokenizer, parts={"engine": MergedEngine(dtype="float32")})
+    engine = module.engine
+    assert engine.decoding == module.config.decoding  # the module's decoding, when the engine names none
+    batch = _batch(world, tokenizer)
+    ids, mask = batch["input_ids"][:4], batch["attention_mask"][:4]
+    probe = ids[:, -5:]
+    _perturb_policy(module.model, 1)
+    engine.sync(module.model)
+    assert engine.copy is None  # merged at the first use, under the rollout's autocast state
+    trainer = module.policy_forward(ids, mask, probe)[0]
+    torch.testing.assert_close(engine.logprobs(ids, mask, probe, 1.0), trainer, atol=1e-4, rtol=0)
+    assert engine.copy is not module.model and not engine.reduced
+    assert not any("lora_" in n for n, _ in engine.copy.named_parameters())  # one matmul per layer: merged
+    assert all(not p.requires_grad for p in engine.copy.parameters())
+    with module.model.disable_adapter():
+        base = module.policy_forward(ids, mask, probe)[0]
+    assert (trainer - base).abs().mean() > 1e-2  # the adapter moves the policy: a copy without it would be seen
+    # an update the engine was not synced with: its copy is stale, and the guard says so
+    _perturb_policy(module.model, 2)
+    full = Precision("32-true", False)
+    with pytest.raises(InvariantError, match=r"the rollout engine \(MergedEngine\) disagrees"):
+        check_engine_sync(engine, module.policy_forward, ids, mask, 1.0, full, None, rollout=5)
+    copied = engine.copy
+    engine.sync(module.model)
+    assert engine.copy is copied  # the base is copied once; a sync writes the merged layers into it
+    assert check_engine_sync(engine, module.policy_forward, ids, mask, 1.0, full, None, rollout=5)["max_gap"] < 1e-4
+    # sampling: the copy's log-probs of its own tokens, as the trainer computes them
+    torch.manual_seed(0)
+    sampled, logprobs = engine.generate(ids, mask, max_new_tokens=6, temperature=1.0,
+                                        eos_token_ids=module.eos_token_ids, pad_token_id=module.pad_token_id)
+    forward = module.policy_forward(ids, mask, sampled)[0]
+    torch.testing.assert_close(forward * (logprobs != 0), logprobs, atol=1e-4, rtol=0)
+
+
+def test_a_bf16_merged_engine_beside_fp32_weights_has_its_log_probs_recomputed_and_its_rounding_allowed(
+        world, tokenizer, tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    from lrlhf.models.engines import MergedEngine
+
+    module = _module(world, tokenizer, parts={"engine": MergedEngine(dtype="bfloat16")})
+    rollouts = []
+    make = module.make_rollout
+    module.make_rollout = lambda batch: rollouts.append(make(batch)) or rollouts[-1]
+    trainer = _fit(module, world, tokenizer, 3, tmp_path, logger=CSVLogger(tmp_path))
+    assert module.engine.reduced and module.engine.copy.dtype == torch.bfloat16
+    auto = _module(world, tokenizer, parts={"engine": MergedEngine()}).engine  # dtype auto: autocast's at the merge
+    auto._model()
+    assert auto.copy.dtype == torch.float32 and not auto.reduced  # no autocast here: the weights' own
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto.sync(auto.source)
+        auto._model()
+    assert auto.copy.dtype == torch.bfloat16 and auto.reduced  # bf16 weights beside the fp32 master weights
+    assert module.guards.recompute_old_logprobs(module.compute_precision, module.engine)  # auto: on
+    for rollout in rollouts:  # mu is the bf16 sampler's; the old log-probs the trainer's fp32 forward
+        mask = rollout.action_mask
+        assert not torch.equal(rollout.sampler_logprobs[mask], rollout.logprobs[mask])
+    gap = trainer.logged_metrics["engine/logprob_gap_mean"].item()
+    assert 0 < gap < 0.1, gap  # bf16 rounding, measured and inside the reduced tolerance
+    assert module.rollouts_done == 3  # the first-ratio guard held at full precision on the recomputed log-probs
+
+
+def test_the_merged_engine_refuses_what_it_cannot_merge(world, tokenizer):
+    from lrlhf.models.engines import MergedEngine
+
+    with pytest.raises(ValueError, match=r"module.engine.dtype='half16': auto or a torch dtype name"):
+        MergedEngine(dtype="half16")
+    module = _module(world, tokenizer)
+    missing = MergedEngine(adapter="missing")
+    missing.sync(module.model)
+    ids = _batch(world, tokenizer)["input_ids"][:2]
+    with pytest.raises(ValueError, match=r"no LoRA adapter 'missing' to merge"):
+        missing.logprobs(ids, torch.ones_like(ids), ids[:, -2:], 1.0)
+    engine = MergedEngine(dtype="float32")
+    engine.sync(module.model)
+    with pytest.raises(ValueError, match=r"a sharded forward \(FSDP\) needs the local engine"):
+        engine.generate(ids, torch.ones_like(ids), max_new_tokens=2, temperature=1.0, eos_token_ids=[0],
+                        pad_token_id=0, synced=True)

@@ -21,7 +21,12 @@ the run with the measured gap, so a stale or missing adapter is never sampled fr
 Shipped: :class:`LocalEngine`, the trainer's own model object sampled in this process by
 :func:`~lrlhf.models.generation.sample_with_logprobs` (``decoding``: eager, static-cache or compiled; with a KV
 cache checked to grow, stopped rows leaving the batch). Its ``sync`` only points at the model (the same weights),
-so its guard measures the decoding path against the training forward.
+so its guard measures the decoding path against the training forward. :class:`MergedEngine` (``module/engine=
+merged``) samples from a copy of the policy with its LoRA adapter merged into the base, in the run's compute dtype
+(bf16 under ``bf16-mixed``): one matmul per layer and half the bytes per decode step, at the memory of one more
+copy of the base in that dtype. An engine that samples in a reduced precision says so (``reduced``): the trainer
+then recomputes the old log-probs (the sampler's stay the off-policy correction's ``mu``) and its guards allow
+that precision's rounding.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ import torch
 from torch import Tensor
 
 from lrlhf.functional import token_logprobs
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @runtime_checkable
@@ -76,12 +83,20 @@ class LocalEngine:
     """The trainer's own model, sampled in this process (module docstring). ``decoding``: ``auto`` | ``eager`` |
     ``static`` | ``compiled`` (:func:`lrlhf.models.decoding.resolve`); ``bucket``: the static cache's length step."""
 
-    def __init__(self, decoding: str = "auto", bucket: int = 64):
+    #: samples from half-precision weights while the trainer keeps wider ones (the old log-probs are then
+    #: recomputed by the trainer, and the guards allow half precision's rounding)
+    reduced = False
+
+    def __init__(self, decoding: str | None = "auto", bucket: int | None = 64):
         from lrlhf.models.decoding import DECODING
 
-        if decoding not in DECODING:
+        if decoding is not None and decoding not in DECODING:
             raise ValueError(f"module.config.decoding={decoding!r}; choose one of {', '.join(DECODING)}")
-        self.decoding, self.bucket, self.model = decoding, bucket, None
+        self.decoding, self.bucket, self.model = decoding, bucket, None  # None: the module's config sets them
+
+    def settings(self) -> dict:
+        """What the run's hyperparameters record of it."""
+        return {"decoding": self.decoding, "bucket": self.bucket}
 
     def sync(self, model) -> None:
         self.model = model  # the same object: nothing to copy
@@ -110,4 +125,86 @@ class LocalEngine:
             _CACHES.pop(self.model, None)
 
 
-__all__ = ["LocalEngine", "RolloutEngine", "sequence_inputs", "teacher_forced_logprobs"]
+class MergedEngine(LocalEngine):
+    """Samples from a copy of the policy: the LoRA ``adapter`` merged into the base, cast to ``dtype`` (module
+    docstring). ``dtype``: ``auto`` (autocast's dtype when :meth:`sync` runs under autocast, as in a ``bf16-mixed``
+    training step; else the weights'), or a torch dtype name (``bfloat16``, ``float16``, ``float32``).
+
+    :meth:`sync` takes the model; the merge happens at the next ``generate`` or ``logprobs``, under the autocast
+    state the rollout runs in (a sync outside the training step, as ``configure_model``'s, copies nothing). The
+    copy is made once (the base without adapters, a deep copy cast to ``dtype``; again only if the dtype or the
+    model changes); every merge writes ``W + delta`` (peft's ``get_delta_weight`` of ``adapter``, summed in fp32)
+    into the copy's layers that carry the adapter, so the copy follows each update to the dtype's rounding. Without a
+    shared-trunk critic's values (the trainer's value forward computes them); a quantised (k-bit) base, DoRA and a
+    sharded forward (FSDP) are refused.
+    """
+
+    def __init__(self, dtype: str = "auto", adapter: str = "policy", decoding: str | None = None,
+                 bucket: int | None = None):
+        super().__init__(decoding, bucket)
+        if dtype != "auto" and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ValueError(f"module.engine.dtype={dtype!r}: auto or a torch dtype name (bfloat16, float16, float32)")
+        self.dtype_setting, self.adapter, self.copy, self.source, self.pending = dtype, adapter, None, None, None
+        self.reduced = False
+
+    def settings(self) -> dict:
+        return {**super().settings(), "dtype": self.dtype_setting, "adapter": self.adapter}
+
+    def _dtype(self, weights: Tensor) -> torch.dtype:
+        if self.dtype_setting != "auto":
+            return getattr(torch, self.dtype_setting)
+        device = weights.device.type
+        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weights.dtype
+
+    def sync(self, model) -> None:
+        self.pending = model  # merged at the next use, under the autocast state the rollout runs in
+
+    def _model(self):
+        if getattr(self, "pending", None) is not None:
+            self._merge(self.pending)
+            self.pending = None
+        return super()._model()
+
+    @torch.no_grad()
+    def _merge(self, model) -> None:
+        import copy
+
+        from peft.tuners.lora import LoraLayer
+
+        from lrlhf.models.lora import is_quantised
+        from lrlhf.utils.compat import unwrap_model
+
+        if is_quantised(model):
+            raise ValueError("module.engine=merged: a quantised (k-bit) base cannot take the merged adapter; use the "
+                             "local engine (module.engine=null)")
+        base = unwrap_model(model)
+        layers = {name: layer for name, layer in base.named_modules()
+                  if isinstance(layer, LoraLayer) and self.adapter in layer.lora_A}
+        if not layers:
+            raise ValueError(f"module.engine=merged: the policy has no LoRA adapter {self.adapter!r} to merge")
+        if any(layer.use_dora.get(self.adapter, False) for layer in layers.values()):
+            raise ValueError("module.engine=merged: DoRA adapters are not merged here; use the local engine")
+        weights = next(p for p in base.parameters() if p.is_floating_point())
+        dtype = self._dtype(weights)
+        if self.copy is None or self.source is not model or self.copy.dtype != dtype:
+            self.copy = None  # the old copy goes before the new one is made
+            self.copy = copy.deepcopy(model).unload().to(dtype).eval().requires_grad_(False)
+            self.source = model
+            self.reduced = dtype in HALF_DTYPES and weights.dtype not in HALF_DTYPES
+        for name, layer in layers.items():
+            target = self.copy.get_submodule(name)
+            merged = layer.base_layer.weight.float() + layer.get_delta_weight(self.adapter).float()
+            target.weight.copy_(merged.to(target.weight.dtype))
+        self.model = self.copy
+
+    def generate(self, query_ids: Tensor, query_mask: Tensor, *, max_new_tokens: int, temperature: float,
+                 eos_token_ids, pad_token_id: int, value_head=None, synced: bool = False) -> tuple:
+        if synced:
+            raise ValueError("module.engine=merged samples from a whole copy of the policy on each process: a sharded "
+                             "forward (FSDP) needs the local engine (module.engine=null)")
+        # (ids, logprobs): a shared trunk's values come from the trainer's value forward
+        return super().generate(query_ids, query_mask, max_new_tokens=max_new_tokens, temperature=temperature,
+                                eos_token_ids=eos_token_ids, pad_token_id=pad_token_id)
+
+
+__all__ = ["LocalEngine", "MergedEngine", "RolloutEngine", "sequence_inputs", "teacher_forced_logprobs"]

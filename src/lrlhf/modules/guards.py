@@ -153,6 +153,16 @@ def check_engine_sync(engine, policy_forward, query_ids: Tensor, query_mask: Ten
     return stats
 
 
+def sampling_precision(precision: Precision, engine) -> Precision:
+    """The precision a rollout engine's log-probs are computed in: the trainer's ``precision``, or a reduced one
+    when the engine samples in a half dtype the trainer's weights are not in (:class:`~lrlhf.models.engines
+    .MergedEngine` in bf16 beside fp32 weights): its guards then allow that precision's rounding."""
+    if getattr(engine, "reduced", False) and not precision.reduced:
+        return Precision(f"{precision.label}; the rollout engine samples in {getattr(engine.model, 'dtype', 'half')}",
+                         True)
+    return precision
+
+
 def on_every_rank(check, *args) -> dict | None:
     """``check(*args)`` (raising :class:`InvariantError`) on every rank; when it fails on any, every rank stops
     (a rank left running would wait for the others in a collective)."""
@@ -198,24 +208,33 @@ class PPOGuards:
                                "by a full forward (module.config.recompute_old_logprobs=null means on here)")
         return self.precision
 
-    def recompute_old_logprobs(self, precision: Precision) -> bool:
-        """The setting, or by ``precision`` when None (on under reduced precision)."""
-        return precision.reduced if self.recompute_setting is None else self.recompute_setting
+    def recompute_old_logprobs(self, precision: Precision, engine=None) -> bool:
+        """The setting, or when None: on under reduced precision, or when the rollout ``engine`` samples in a lower
+        precision than the trainer (``engine.reduced``: its log-probs are then ``mu``, not the old ones)."""
+        if self.recompute_setting is not None:
+            return self.recompute_setting
+        return precision.reduced or bool(getattr(engine, "reduced", False))
 
     def check_sampler(self, sample, policy_forward, eos_token_ids, pad_token_id: int, batch: dict,
-                      precision: Precision) -> None:
-        """Once per fit, before the first rollout: :func:`sampler_self_check` on the batch's first prompts."""
+                      precision: Precision, engine=None) -> None:
+        """Once per fit, before the first rollout: :func:`sampler_self_check` on the batch's first prompts (under
+        the engine's precision, :func:`sampling_precision`)."""
         self.self_check_pending = False
         if self.check_invariants:
             on_every_rank(sampler_self_check, sample, policy_forward, eos_token_ids, pad_token_id,
-                          batch["input_ids"], batch["attention_mask"], precision, self.first_ratio_tolerance)
+                          batch["input_ids"], batch["attention_mask"], sampling_precision(precision, engine),
+                          self.first_ratio_tolerance)
 
     def check_engine(self, engine, policy_forward, batch: dict, temperature: float, precision: Precision,
-                     rollout: int) -> None:
-        """Every rollout, after the engine's weight sync: :func:`check_engine_sync` on the batch's first prompts."""
-        if self.check_invariants:
-            on_every_rank(check_engine_sync, engine, policy_forward, batch["input_ids"], batch["attention_mask"],
-                          temperature, precision, self.first_ratio_tolerance, rollout)
+                     rollout: int) -> dict[str, float]:
+        """Every rollout, after the engine's weight sync: :func:`check_engine_sync` on the batch's first prompts,
+        under the engine's precision; its gap as ``engine/logprob_gap_mean`` / ``_max`` (empty with the checks
+        off)."""
+        if not self.check_invariants:
+            return {}
+        stats = on_every_rank(check_engine_sync, engine, policy_forward, batch["input_ids"], batch["attention_mask"],
+                              temperature, sampling_precision(precision, engine), self.first_ratio_tolerance, rollout)
+        return {"engine/logprob_gap_mean": stats["mean_gap"], "engine/logprob_gap_max": stats["max_gap"]}
 
     def first_ratio(self, logprobs: Tensor, old_logprobs: Tensor, action_mask: Tensor, precision: Precision,
                     rollout: int) -> float | None:
@@ -237,4 +256,4 @@ class PPOGuards:
 
 
 __all__ = ["RATIO_TOLERANCE", "InvariantError", "PPOGuards", "Precision", "check_ratio", "on_every_rank",
-           "ratio_deviation", "run_precision", "sampler_self_check"]
+           "ratio_deviation", "run_precision", "sampler_self_check", "sampling_precision"]

@@ -89,6 +89,8 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
             .rewards.Overlong`); None = nothing (``module.config.missing_eos_penalty`` still applies).
         group_filter: DAPO's dynamic sampling for RLOO / GRPO (``module/group_filter=dynamic_sampling``,
             :class:`~lrlhf.modules.advantages.DynamicSampling`); None = every group is kept.
+        engine: what samples the rollouts (``module/engine=merged``, :mod:`lrlhf.models.engines`); None = a
+            :class:`~lrlhf.models.engines.LocalEngine` with ``module.config.decoding``.
         init_adapter: a saved ``policy`` adapter (a PPO stage's ``export/adapter``) the policy starts from instead
             of zero, e.g. the previous round of iterative RLHF; the reference stays the base (adapters off).
 
@@ -112,6 +114,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         off_policy: OffPolicyCorrection | None = None,
         overlong: Overlong | None = None,
         group_filter: DynamicSampling | None = None,
+        engine: RolloutEngine | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -160,7 +163,9 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
                                     has_critic=self.critic is not None)
         self.guards = PPOGuards(cfg.check_invariants, cfg.first_ratio_tolerance, cfg.recompute_old_logprobs)
         #: what samples the rollouts (:mod:`lrlhf.models.engines`), synced and checked against the policy each rollout
-        self.engine: RolloutEngine = LocalEngine(cfg.decoding, cfg.decoding_bucket)
+        self.engine: RolloutEngine = engine if engine is not None else LocalEngine(cfg.decoding, cfg.decoding_bucket)
+        if getattr(self.engine, "decoding", "") is None:  # an engine that samples with the module's decoding
+            self.engine.decoding, self.engine.bucket = cfg.decoding, cfg.decoding_bucket
         if tokenizer is None and self.model_config is not None:
             tokenizer = load_tokenizer(self.model_config)
         self.tokenizer = tokenizer
@@ -170,7 +175,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         hparams = {"ppo": asdict(self.config), "sampling": asdict(self.config.sampling),
                    **{k: component_settings(getattr(self, k))
                       for k in ("advantage", "critic", "kl_controller", "kl_penalty", "off_policy", "overlong",
-                                "group_filter")},
+                                "group_filter", "engine")},
                    "policy_loss": component_settings(self.surrogate)}
         if self.model_config is not None:
             hparams["model"] = asdict(self.model_config)
@@ -384,7 +389,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         if self.off_policy is not None and sampler_logprobs is None:
             raise ValueError(f"module.off_policy needs the sampler's log-probs: {type(self).__name__}.sample "
                              "returned none (Sampled(ids) alone)")
-        if self.off_policy is not None or self.guards.recompute_old_logprobs(self.compute_precision):
+        if self.off_policy is not None or self.guards.recompute_old_logprobs(self.compute_precision, self.engine):
             sampled_logprobs = sampled_values = None  # the old log-probs (and values) from the trainer's forwards
         # 3. masks from the sampled ids
         masks = response_masks(response_ids, self.eos_token_ids, self.pad_token_id)
@@ -444,9 +449,9 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.engine.sync(self.model)  # the weights the update left; the engine checked against the policy on them
         if self.guards.self_check_pending:  # once per fit, before the first rollout
             self.guards.check_sampler(self.sample, self.policy_forward, self.eos_token_ids, self.pad_token_id, batch,
-                                      self.compute_precision)
-        self.guards.check_engine(self.engine, self.policy_forward, batch, self.config.temperature,
-                                 self.compute_precision, self.rollouts_done)
+                                      self.compute_precision, self.engine)
+        engine_gap = self.guards.check_engine(self.engine, self.policy_forward, batch, self.config.temperature,
+                                              self.compute_precision, self.rollouts_done)
         # 1-6. rollout
         rollout = self.make_rollout(batch)
         if len(rollout) == 0:  # dynamic sampling found no group to learn from on some rank: no update
@@ -456,7 +461,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
             self.group_filter.check_empty(self.empty_in_a_row, self.rollouts_done)
             return None
         self.empty_in_a_row = 0
-        stats = self.rollout_stats(rollout)
+        stats = {**self.rollout_stats(rollout), **engine_gap}
         # 7. update epochs on the frozen rollout
         # logged at every rollout: Lightning's logger rows repeat a step metric's last value until it is logged again
         stats["rollout/skipped_update"] = 0.0

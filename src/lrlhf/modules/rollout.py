@@ -209,7 +209,8 @@ def check_finite(rollout: Rollout, index: int) -> None:
 
 #: Statistics that are not means: reduced across ranks with their own operation when logged.
 STAT_REDUCTIONS = {"rollout/size": "sum", "rollout/truncated": "sum", "ppo/ratio_max": "max",
-                   "offpolicy/ratio_max": "max", "rollout/groups_sampled": "sum", "rollout/groups_kept": "sum"}
+                   "offpolicy/ratio_max": "max", "engine/logprob_gap_max": "max", "rollout/groups_sampled": "sum",
+                   "rollout/groups_kept": "sum"}
 
 
 def log_synced(module, stats: dict[str, float], batch_size: int) -> None:
