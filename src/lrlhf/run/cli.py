@@ -24,6 +24,7 @@ from lrlhf.run.own_reward import replace_target_nodes, settle_own_reward
 from lrlhf.run.planning import (
     OWNER_FILE,
     _building_folder,
+    _stage_done,
     check_data,
     check_resume,
     check_shared_run_dir,
@@ -103,11 +104,31 @@ def register(root: Path = ROOT) -> None:
 
 # ----------------------------------------------------------------------------------------------- main
 def run(cfg: DictConfig) -> dict:
-    """Plan, build what is missing (world, needed stages), then run the recipe's own stage."""
+    """Plan, build what is missing (world, needed stages), then run the recipe's own stage; the run folder is held
+    (:class:`~lrlhf.utils.locks.OwnedLock`) so that a second launch into it is refused, naming the first."""
+    from lrlhf.utils.distributed import is_global_zero
+    from lrlhf.utils.locks import OwnedLock
+
+    lock = OwnedLock(Path(cfg.paths.run_dir) / ".lrlhf.lock") if is_global_zero() else None
+    if lock is not None and not lock.acquire():
+        raise RunFolderInUse(f"the run folder {cfg.paths.run_dir} is in use by another launch ({lock.owner()}): let "
+                             "it end, or give this one another folder (hydra.run.dir=...)")
+    try:
+        return _run(cfg)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+class RunFolderInUse(ValueError):
+    """A second launch into a run folder another live launch holds."""
+
+
+def _run(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
-    from lrlhf.utils.distributed import barrier, is_global_zero, wait_for_file
-    from lrlhf.utils.io import atomic_save_folder, swap_folder_in
+    from lrlhf.utils.distributed import is_global_zero, wait_for_file
+    from lrlhf.utils.io import atomic_save_folder
 
     logging.getLogger("lrlhf").setLevel(logging.WARNING)  # the data summaries are printed once, not logged too
     os.environ["LRLHF_CACHE_DIR"] = str(Path(cfg.paths.cache_dir).expanduser())  # e.g. dequantised GGUF models
@@ -146,25 +167,16 @@ def run(cfg: DictConfig) -> dict:
         check_data([(f"the `{recipe}` stage this recipe needs: ", dep) for recipe, dep, _ in todo] + [("", cfg)],
                    pending=[out_dir for _, _, out_dir in todo])
     for recipe, dep, out_dir in todo:
-        # every rank trains the stage, in one folder they all name alike (sharded checkpoints are written there)
-        building = _building_folder(out_dir, run_dir)
-        if zero:
-            print(f"[{next(number)}/{steps}] building the `{recipe}` stage this recipe needs, in {out_dir}")
-            if building.exists():  # left by an interrupted launch with this run folder
-                shutil.rmtree(building)
-            start_build(building)
-        with open_dict(dep):
-            dep.logger = None
+        lock = hold_stage(recipe, out_dir) if zero else None  # one launch builds it; another waits and reuses it
         try:
-            run_stage(at_folder(dep, building), building, out_dir, overrides)
-        except BaseException:
-            if zero:  # as a failed atomic_save_folder: the cache keeps no half-built stage
-                shutil.rmtree(building, ignore_errors=True)
-            raise
-        if zero:
-            (building / OWNER_FILE).unlink(missing_ok=True)
-            swap_folder_in(building, out_dir)
-        barrier()  # the next stage reads this one's export
+            if lock is not None and _stage_done(out_dir):
+                print(f"[{next(number)}/{steps}] reusing the `{recipe}` stage another launch built meanwhile: "
+                      f"{out_dir}", flush=True)
+                continue
+            _build_stage(recipe, dep, out_dir, run_dir, overrides, zero, f"[{next(number)}/{steps}]" if zero else "")
+        finally:
+            if lock is not None:
+                lock.release()
     built = {out_dir for _, _, out_dir in todo}
     reused = {name: path for name, path in (cfg.get("deps") or {}).items()
               if path and Path(path) not in built and Path(path).is_relative_to(Path(cfg.paths.cache_dir).expanduser())}
@@ -190,6 +202,51 @@ def run(cfg: DictConfig) -> dict:
         summary = json.loads((run_dir / "summary.json").read_text())
     close_process_group()
     return summary
+
+
+def hold_stage(recipe: str, out_dir: Path):
+    """The lock of a stage-cache entry, held while it is built: free, it is taken; held by another launch, this one
+    waits for it (saying so) when it runs alone, and is refused when it has several processes (its other ranks are
+    already on their way into the build)."""
+    from lrlhf.utils.distributed import launched_processes
+    from lrlhf.utils.locks import OwnedLock
+
+    lock = OwnedLock(out_dir.parent.parent / "locks" / f"{out_dir.name}.lock")  # beside stages/, not in it
+    if lock.acquire():
+        return lock
+    if launched_processes() > 1:
+        raise RunFolderInUse(f"another launch ({lock.owner()}) is building the `{recipe}` stage this recipe needs in "
+                             f"{out_dir}: relaunch once it is done (a launch of several processes does not wait)")
+    print(f"waiting for the `{recipe}` stage another launch is building ({lock.owner()}), to reuse it: {out_dir}",
+          flush=True)
+    lock.acquire(timeout=None)
+    return lock
+
+
+def _build_stage(recipe: str, dep, out_dir: Path, run_dir: Path, overrides: list[str], zero: bool, step: str) -> None:
+    """Build one needed stage in its building folder, then swap it into the cache (rank 0; every rank trains)."""
+    from lrlhf.utils.distributed import barrier
+    from lrlhf.utils.io import swap_folder_in
+
+    # every rank trains the stage, in one folder they all name alike (sharded checkpoints are written there)
+    building = _building_folder(out_dir, run_dir)
+    if zero:
+        print(f"{step} building the `{recipe}` stage this recipe needs, in {out_dir}")
+        if building.exists():  # left by an interrupted launch with this run folder
+            shutil.rmtree(building)
+        start_build(building)
+    with open_dict(dep):
+        dep.logger = None
+    try:
+        run_stage(at_folder(dep, building), building, out_dir, overrides)
+    except BaseException:
+        if zero:  # as a failed atomic_save_folder: the cache keeps no half-built stage
+            shutil.rmtree(building, ignore_errors=True)
+        raise
+    if zero:
+        (building / OWNER_FILE).unlink(missing_ok=True)
+        swap_folder_in(building, out_dir)
+    barrier()  # the next stage reads this one's export
 
 
 def _by_batches(trainer) -> bool:
