@@ -52,7 +52,7 @@ def ours(model_dir: Path, prompts, args):
     from lrlhf.models import LoraSpec, ModelConfig, load_causal_lm
     from lrlhf.modules import PPOConfig, PPOModule
     from lrlhf.modules.advantages import GRPO
-    from lrlhf.modules.rewards import FunctionReward
+    from lrlhf.rewards.protocol import FunctionReward
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     rows = args.prompts * args.k

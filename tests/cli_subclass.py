@@ -7,7 +7,7 @@ import torch
 
 from lrlhf.modules import PPOModule
 from lrlhf.modules.advantages import GroupAdvantage
-from lrlhf.modules.rewards import TextReward
+from lrlhf.rewards.protocol import TextReward
 
 
 class ConstantScorePPO(PPOModule):

@@ -461,6 +461,12 @@ def test_eval_recipe_tiny_writes_the_table_and_the_plots(tmp_path):
     assert again["sft"]["gold"] == rows["sft"]["gold"]  # the same samples (seeded), judged by the same gold
     for name, r in again.items():  # the verifier is gold computed from the texts: every row's proxy is its gold
         assert float(r["proxy"]) == pytest.approx(float(r["gold"]), abs=1e-6), name  # (float32 scores)
+    # rules rank the best-of-N pool and score every policy through the one text scorer (lrlhf.rewards.text)
+    run = tmp_path / "rules"
+    out = _train(tmp_path, "recipe=eval", "reward=rules", "logger=csv", f"hydra.run.dir={run}", *_tiny("eval"))
+    assert "building the" not in out.stdout and "the proxy is the reward source RuleReward" in out.stdout
+    ruled = {r["policy"]: r for r in csv.DictReader((run / "eval_table.csv").open())}
+    assert sorted(ruled) == sorted(rows) and all(0.0 <= float(r["proxy"]) <= 1.0 for r in ruled.values())
     # a method left out (needs.X=null eval.policies.X=null): no row, nothing built, the rest as before
     run = tmp_path / "without_dpo"
     out = _train(tmp_path, "recipe=eval", "logger=csv", f"hydra.run.dir={run}", *_tiny("eval"),

@@ -7,11 +7,11 @@ import torch
 from test_cli import _compose, _tiny, _train
 
 from lrlhf.functional import response_masks
-from lrlhf.modules.reward_rules import RuleReward
-from lrlhf.modules.rewards import FunctionReward, RewardScores, TextReward, checked_scores
+from lrlhf.rewards.protocol import FunctionReward, RewardScores, TextReward, checked_scores
+from lrlhf.rewards.rules import RuleReward
 from lrlhf.run.own_reward import replace_target_nodes, settle_own_reward
 
-MINE = ("module.reward_model={_target_: lrlhf.modules.rewards.FunctionReward, name: mine, "
+MINE = ("module.reward_model={_target_: lrlhf.rewards.protocol.FunctionReward, name: mine, "
         "fn: {_target_: hydra.utils.get_method, path: lrlhf.data.toy.verifiable_reward}}")
 
 
@@ -22,9 +22,9 @@ def test_a_reward_of_ones_own_is_not_rescaled_by_the_recipes_reward_model():
     assert cfg.module.calibration is None and cfg.needs.rm is None
     assert line == ("reward: your module.reward_model (FunctionReward): its raw scores, uncalibrated "
                     "(module.calibration=null; set it to calibrate, e.g. module.calibration={_target_: "
-                    "lrlhf.modules.calibration.ReferenceSamples}); no reward-model stage built (needs.rm=null)")
+                    "lrlhf.rewards.calibration.ReferenceSamples}); no reward-model stage built (needs.rm=null)")
     # what the config says wins: a calibration given, the RM stage asked for
-    given = ["recipe=ppo_lora", MINE, "module.calibration={_target_: lrlhf.modules.calibration.ReferenceSamples}",
+    given = ["recipe=ppo_lora", MINE, "module.calibration={_target_: lrlhf.rewards.calibration.ReferenceSamples}",
              "needs.rm=rm"]
     cfg = _compose(given)
     assert settle_own_reward(cfg, given) is None and cfg.needs.rm == "rm"
@@ -42,7 +42,7 @@ def test_a_reward_of_ones_own_is_not_rescaled_by_the_recipes_reward_model():
 
 
 def test_a_node_given_anew_replaces_the_old_one():
-    override = ("++module.reward_model.parts.format.source={_target_: lrlhf.modules.rewards.FunctionReward, "
+    override = ("++module.reward_model.parts.format.source={_target_: lrlhf.rewards.protocol.FunctionReward, "
                 "fn: {_target_: hydra.utils.get_method, path: lrlhf.data.toy.verifiable_reward}}")
     cfg = _compose(["recipe=ppo_lora", "reward=mixture", override])
     assert "rules" in cfg.module.reward_model.parts.format.source  # Hydra merged the old rule reward's keys in
@@ -107,7 +107,7 @@ def test_a_calibration_measured_on_the_rewards_own_samples_stays():
     overrides = ["recipe=ppo_lora", "hparams=smollm2", MINE]
     cfg = _compose(overrides)
     line = settle_own_reward(cfg, overrides)
-    assert cfg.module.calibration._target_ == "lrlhf.modules.calibration.ReferenceSamples" and cfg.needs.rm is None
+    assert cfg.module.calibration._target_ == "lrlhf.rewards.calibration.ReferenceSamples" and cfg.needs.rm is None
     assert line == "reward: your module.reward_model (FunctionReward): no reward-model stage built (needs.rm=null)"
 
 

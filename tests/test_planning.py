@@ -125,7 +125,7 @@ def test_the_toy_verifier_is_recognised_by_the_function_it_names_not_by_its_name
     from lrlhf.run.planning import _is_toy_verifier
 
     def node(path):
-        return OmegaConf.create({"_target_": "lrlhf.modules.rewards.FunctionReward",
+        return OmegaConf.create({"_target_": "lrlhf.rewards.protocol.FunctionReward",
                                  "fn": {"_target_": "hydra.utils.get_method", "path": path}})
 
     assert _is_toy_verifier(node("lrlhf.data.toy.verifiable_reward"))

@@ -54,12 +54,12 @@ def test_a_wheel_installed_outside_the_checkout_trains_from_an_empty_folder(tmp_
 def test_a_users_config_folder_composes_over_the_shipped_ones(tmp_path):
     """Hydra's search path: a recipe and a config group option of the user's, beside the shipped ones."""
     (tmp_path / "recipe").mkdir()
-    (tmp_path / "recipe" / "my_sft.yaml").write_text("# @package _global_\n# python train.py recipe=my_sft\n"
-                                                     "defaults:\n  - /recipe/sft\n  - _self_\n"
-                                                     "trainer:\n  max_steps: 7\n")
+    (tmp_path / "recipe" / "users_own_sft.yaml").write_text(
+        "# @package _global_\n# python train.py recipe=users_own_sft\ndefaults:\n  - /recipe/sft\n  - _self_\n"
+        "trainer:\n  max_steps: 7\n")
     (tmp_path / "world").mkdir()
     (tmp_path / "world" / "my_toy.yaml").write_text("defaults:\n  - toy\n  - _self_\nsizes:\n  eval: 5\n")
-    cfg = _compose(["recipe=my_sft", "world=my_toy", "paths.run_dir=.", f"hydra.searchpath=[file://{tmp_path}]"])
+    cfg = _compose(["recipe=users_own_sft", "world=my_toy", "paths.run_dir=.", f"hydra.searchpath=[file://{tmp_path}]"])
     assert cfg.trainer.max_steps == 7 and cfg.world.sizes.eval == 5
     assert cfg.module._target_ == _compose(["recipe=sft", "paths.run_dir=."]).module._target_
 

@@ -12,10 +12,11 @@ import torch
 from lrlhf.callbacks import SampleTable
 from lrlhf.callbacks.samples import COLUMNS
 from lrlhf.data.formats import load_records
-from lrlhf.eval.best_of_n import reward_model_scorer, toy_gold_judge
+from lrlhf.eval.best_of_n import toy_gold_judge
 from lrlhf.eval.heldout import ModuleHooks, sample_held_out
 from lrlhf.models import LoraSpec, ModelConfig, ScalarModel, load_causal_lm
 from lrlhf.modules import DPOConfig, DPOModule, RewardModule, SFTConfig, SFTModule
+from lrlhf.rewards.text import reward_model_scorer
 
 from .conftest import BATCH, make_data, make_module, make_trainer
 

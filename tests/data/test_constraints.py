@@ -74,8 +74,8 @@ def test_the_judge_reads_the_record_and_names_a_record_without_one():
 
 
 def test_the_rule_reads_the_prompt_record():
-    from lrlhf.modules.reward_constraints import InstructionConstraint
-    from lrlhf.modules.reward_rules import RuleReward
+    from lrlhf.rewards.constraint_reward import InstructionConstraint
+    from lrlhf.rewards.rules import RuleReward
 
     reward = RuleReward(rules=[InstructionConstraint()])
     meta = [{"constraint": {"kind": "lowercase"}}, {"constraint": {"kind": "max_words", "n": 2}}]
@@ -116,8 +116,8 @@ def test_partial_credit_is_one_exactly_when_met(constraint, response, met):
 
 
 def test_the_rule_gives_partial_credit_when_asked():
-    from lrlhf.modules.reward_constraints import InstructionConstraint
-    from lrlhf.modules.reward_rules import RuleReward
+    from lrlhf.rewards.constraint_reward import InstructionConstraint
+    from lrlhf.rewards.rules import RuleReward
 
     meta = [{"constraint": {"kind": "quotation"}}, {"constraint": {"kind": "quotation"}}]
     responses = ['"wrapped"', '"half']

@@ -75,10 +75,12 @@ def test_template_glue_after_eos_is_not_target():
     glue = CHATML.replace("<|im_end|>\n{% endfor %}", "<|im_end|> ok\n{% endfor %}")
     tok = make_tokenizer(glue, eos="<|im_end|>")
     enc = encode_sft(tok, SFTExample(messages=CHAT[1:3]), max_length=64)
-    expected = "<|im_start|> user hi <|im_end|> ok <|im_start|> assistant hello <|im_end|> ok"
+    # the end rule: the glue after the last assistant turn's EOS is dropped (a reward model reads its score at the
+    # EOS, where a sampled response ends); the glue after an earlier turn stays, as context
+    expected = "<|im_start|> user hi <|im_end|> ok <|im_start|> assistant hello <|im_end|>"
     assert tokens(tok, enc) == expected.split()
     assert targets(tok, enc) == ["hello", "<|im_end|>"]
-    assert enc.loss_mask.tolist() == [False] * 7 + [True, True, False]
+    assert enc.loss_mask.tolist() == [False] * 7 + [True, True]
 
 
 @pytest.mark.parametrize("fixture", ["chatml", "plain"])
@@ -235,7 +237,9 @@ def test_byte_level_bpe_chatml_targets_decode_to_the_answer():
     starts, ends = (edges == 1).nonzero().flatten().tolist(), (edges == -1).nonzero().flatten().tolist()
     decoded = [tok.decode(enc.input_ids[s:e]) for s, e in zip(starts, ends, strict=True)]
     assert decoded == ["five.<|im_end|>", "hello there<|im_end|>"]
-    assert tok.decode(enc.input_ids) == tok.apply_chat_template(chat, tokenize=False)
+    rendered = tok.apply_chat_template(chat, tokenize=False)
+    assert rendered.endswith("<|im_end|>\n")  # the end rule drops the glue after the last EOS, nothing else
+    assert tok.decode(enc.input_ids) == rendered.removesuffix("\n")
 
 
 def test_bad_choices_name_the_allowed_values(chatml):

@@ -16,14 +16,13 @@ from lrlhf.data.toy import WorldSizes, build_world, gold_utility
 from lrlhf.eval.best_of_n import (
     best_of_n,
     bon_kl,
-    reward_model_scorer,
     select_best_of_n,
-    source_scorer,
     toy_gold_judge,
 )
 from lrlhf.models import ScalarModel
 from lrlhf.models.generation import SamplingConfig
-from lrlhf.modules.rewards import TextReward
+from lrlhf.rewards.protocol import TextReward
+from lrlhf.rewards.text import reward_model_scorer, text_scorer
 
 
 def test_bon_kl_by_hand():
@@ -139,10 +138,10 @@ def test_source_scorer_scores_a_reward_source_as_ppo_does(tokenizer, prompts):
     records = [PromptExample(p.prompt, p.source, {**p.meta, "k": i, "said": p.prompt[-1]["content"]})
                for i, p in enumerate(prompts[:3])]
     responses = ["1 2 3", "fig", "7 7 7 7 7 7 7"]
-    scores = source_scorer(reward, tokenizer, batch_size=2)(records, responses)  # two batches: 2 + 1
+    scores = text_scorer(reward, tokenizer, batch_size=2)(records, responses)  # two batches: 2 + 1
     assert scores == [1000.0 + 0 + 3, 1000.0 + 10 + 1, 1000.0 + 20 + 7]  # the prompt seen, its meta, the response
     with pytest.raises(ValueError, match="3 prompts and 2 responses"):
-        source_scorer(reward, tokenizer)(records, responses[:2])
+        text_scorer(reward, tokenizer)(records, responses[:2])
 
 
 def test_bon_expected_by_hand_and_against_every_subset():
@@ -166,3 +165,16 @@ def test_bon_expected_by_hand_and_against_every_subset():
         assert bon_expected(proxy, gold, n) == pytest.approx(sum(picks) / len(picks), abs=1e-12)
     with pytest.raises(ValueError, match="pool size"):
         bon_expected(proxy, gold, 8)
+
+
+def test_a_rule_reward_ranks_best_of_n_candidates_through_the_text_scorer(tokenizer, prompts):
+    """Any reward source is a best-of-N proxy (lrlhf.rewards.text.text_scorer): here rules, no reward model."""
+    from lrlhf.rewards.rules import Regex, RuleReward
+
+    rules = RuleReward(rules=[Regex(pattern="^[0-9 ]+$", name="numbers_only")])
+    rules.build(None, tokenizer)
+    scorer = text_scorer(rules, tokenizer)
+    assert scorer(prompts[:3], ["7", "fig", "1 2"]) == [1.0, 0.0, 1.0]
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, seed=0)
+    out = best_of_n(Alternating(tokenizer), tokenizer, prompts, scorer, n=2, sampling=sampling, batch_size=8)
+    assert out.responses == ("7",) * len(prompts) and out.proxy == (1.0,) * len(prompts)

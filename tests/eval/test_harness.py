@@ -16,7 +16,7 @@ from lrlhf.eval.best_of_n import bon_kl, toy_gold_judge
 from lrlhf.eval.harness import Samples, best_of_n_from_pool, policy_row, sample_policy
 from lrlhf.models import ScalarModel
 from lrlhf.models.generation import SamplingConfig
-from lrlhf.modules.rewards import FunctionReward
+from lrlhf.rewards.protocol import FunctionReward
 
 U = 2.0**-24  # fp32 unit roundoff
 

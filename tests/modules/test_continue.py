@@ -65,7 +65,7 @@ def test_init_adapter_that_does_not_fit_names_the_key(world, tokenizer, tmp_path
 
 
 def test_reference_calibration_samples_the_reference_when_the_policy_is_continued(world, tokenizer, tmp_path):  # noqa: F811
-    from lrlhf.modules.calibration import ReferenceSamples
+    from lrlhf.rewards.calibration import ReferenceSamples
 
     data = _data(world, tokenizer)
     data.setup("fit")

@@ -447,7 +447,7 @@ def test_calibration_measured_on_reference_samples_is_the_one_ppo_uses(world, to
     """#15 item 4: the reward scale is measured on the starting policy's own samples for the RL prompts, without
     moving the run's RNG; PPO then normalises by it, and a checkpoint keeps it."""
     from lrlhf.models.reward import RewardCalibration
-    from lrlhf.modules.calibration import ReferenceSamples
+    from lrlhf.rewards.calibration import ReferenceSamples
 
     measured = _module(world, tokenizer)
     measured.calibration = measured.calibration_spec = ReferenceSamples(n_prompts=8, seed=3)

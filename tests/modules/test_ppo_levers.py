@@ -14,7 +14,7 @@ from lrlhf.functional import AdaptiveKLController
 from lrlhf.models import LoraSpec
 from lrlhf.modules import PPOModule
 from lrlhf.modules.critic import SharedTrunk, ValueAdapter
-from lrlhf.modules.rewards import FunctionReward, RewardScores, RewardSource
+from lrlhf.rewards.protocol import FunctionReward, RewardScores, RewardSource
 from lrlhf.utils.errors import InvariantError
 
 from .test_ppo import _batch, _fit, _module, _snapshot, tokenizer, world  # noqa: F401 (fixtures)

@@ -13,8 +13,8 @@ from lrlhf.functional.rewards import OverlongMask, SoftOverlongPenalty
 from lrlhf.models import LoraSpec
 from lrlhf.modules import PPOModule
 from lrlhf.modules.advantages import GRPO, DynamicSampling
-from lrlhf.modules.rewards import FunctionReward, RewardScores, RewardSource
 from lrlhf.modules.rollout import Sampled
+from lrlhf.rewards.protocol import FunctionReward, RewardScores, RewardSource
 from lrlhf.utils.errors import InvariantError
 
 from .test_ppo import _batch, _fit, _module, tokenizer, world  # noqa: F401 (fixtures)

@@ -13,9 +13,9 @@ from lrlhf.data.records import PromptExample
 from lrlhf.eval.heldout import sample_held_out
 from lrlhf.functional import ResponseMasks
 from lrlhf.modules.advantages import GRPO
-from lrlhf.modules.calibration import ReferenceSamples
-from lrlhf.modules.reward_rules import MathAnswer, Regex, Rule, RuleReward
-from lrlhf.modules.rewards import RewardScores, RewardSource
+from lrlhf.rewards.calibration import ReferenceSamples
+from lrlhf.rewards.protocol import RewardScores, RewardSource
+from lrlhf.rewards.rules import MathAnswer, Regex, Rule, RuleReward
 
 from .test_ppo import _batch, _data, _module, tokenizer, world  # noqa: F401 (fixtures)
 

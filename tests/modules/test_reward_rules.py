@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from lrlhf.functional import ResponseMasks
-from lrlhf.modules.calibration import ReferenceBatch, ReferenceSamples
-from lrlhf.modules.reward_mixture import Mixture
-from lrlhf.modules.reward_rules import Forbidden, JsonParses, LengthWords, Regex, RuleReward, ToolCall
-from lrlhf.modules.rewards import FunctionReward, RewardScores, RewardSource
+from lrlhf.rewards.calibration import ReferenceBatch, ReferenceSamples
+from lrlhf.rewards.mixture import Mixture
+from lrlhf.rewards.protocol import FunctionReward, RewardScores, RewardSource
+from lrlhf.rewards.rules import Forbidden, JsonParses, LengthWords, Regex, RuleReward, ToolCall
 
 from .test_ppo import _fit, _module, tokenizer, world  # noqa: F401 (fixtures)
 
@@ -135,7 +135,7 @@ class CannedJudge:
 
     @staticmethod
     def make(answers, **kw):
-        from lrlhf.modules.reward_judge import JudgeReward
+        from lrlhf.rewards.judge import JudgeReward
 
         class Canned(JudgeReward):
             def verdicts(self, prompts, responses):
@@ -159,7 +159,7 @@ def test_a_judges_scores_are_parsed_and_an_unparsed_answer_is_counted_not_zeroed
 
 
 def test_a_judge_model_is_loaded_frozen_and_its_answers_read(world, tokenizer):  # noqa: F811
-    from lrlhf.modules.reward_judge import JudgeReward
+    from lrlhf.rewards.judge import JudgeReward
 
     judge = JudgeReward(judge=str(world.model), template="sort these numbers : {prompt} {response}")
     module = judge.build(None, tokenizer)
@@ -172,7 +172,7 @@ def test_a_judge_model_is_loaded_frozen_and_its_answers_read(world, tokenizer): 
 
 
 def test_a_pairwise_judge_against_the_reference_asks_both_orders():
-    from lrlhf.modules.reward_judge import PairwiseJudgeReward
+    from lrlhf.rewards.judge import PairwiseJudgeReward
 
     class Canned(PairwiseJudgeReward):  # the judge's answer is a function of the two answers as shown
         def ask(self, questions):
@@ -205,7 +205,7 @@ def test_a_pairwise_judge_against_the_reference_asks_both_orders():
 
 
 def test_a_source_whose_score_takes_no_meta_is_refused_naming_the_signature():
-    from lrlhf.modules.rewards import reward_source
+    from lrlhf.rewards.protocol import reward_source
 
     class NoMeta:
         def build(self, model, tok):

@@ -150,7 +150,7 @@ class SampleTable(Callback):
 
     @staticmethod
     def _score_texts(pl_module, records, texts) -> list[float]:
-        from lrlhf.eval.best_of_n import reward_model_scorer
+        from lrlhf.rewards.text import reward_model_scorer
 
         if not hasattr(pl_module.model, "score") or pl_module.tokenizer is None:
             raise TypeError(f"callbacks.samples: {type(pl_module).__name__} has no policy and no reward model with a "

@@ -16,6 +16,12 @@ EOS rule: the target of an assistant turn runs from the end of the generation pr
 appended right after the turn's tokens and is part of the target. The rule applies to *every* assistant turn,
 also those inside a prompt, so prompt encodings stay prefixes of full encodings.
 
+End rule: a completion that ends with an assistant turn ends at that turn's EOS; the template's glue after it
+(ChatML's trailing newline) is dropped. A policy's sampled response ends at the EOS too, so a reward model reads
+its score (at the last attended token) at the same token in RM training as in PPO, best-of-N and the judges; with
+the glue kept it was trained at the newline and read at the EOS (:data:`RENDERING` 2). The glue was never a
+target, so SFT and DPO lose nothing by it.
+
 Special-token text rule: a chat template renders messages to text that is then tokenised, so a message whose
 *content* contains the text of a special token (``"<|im_end|>"`` in a user turn) would be read as that control
 token, and forge turn boundaries. Such an example is dropped and counted in
@@ -252,6 +258,11 @@ def _assistant_spans(tokenizer, messages: Conversation, full_text: str, full_ids
 
 
 # ------------------------------------------------------------------------------------------------ encoding
+#: The version of the rendering rules above, part of every stage's cache key (a rule that changes what a stage
+#: trains on must not reuse a stage built under the old one). 2: the end rule.
+RENDERING = 2
+
+
 def _encode_untruncated(tokenizer, prompt: Conversation, completion: Conversation | None, loss_on: str,
                         targets: Sequence[bool] | None = None):
     """(ids, loss_mask, prompt_length) before truncation; see the module docstring for the EOS rule. ``targets``
@@ -279,6 +290,7 @@ def _encode_untruncated(tokenizer, prompt: Conversation, completion: Conversatio
     mask: list[bool] = []
     cursor = 0
     prompt_length = None
+    last_end = None  # where the last assistant turn's EOS ends, in ``ids``
     for i, (start, end) in sorted(spans.items()):
         is_target = not prompt_only and (targets[i] if targets is not None else i >= len(prompt) or loss_on == "all")
         ids += full_ids[cursor:start]
@@ -291,14 +303,18 @@ def _encode_untruncated(tokenizer, prompt: Conversation, completion: Conversatio
             stop = len(turn) - turn[::-1].index(eos)
             ids += turn
             mask += [is_target] * stop + [False] * (len(turn) - stop)
+            last_end = len(ids) - (len(turn) - stop)
         else:
             ids += turn + [eos]
             mask += [is_target] * (len(turn) + 1)
+            last_end = len(ids)
         cursor = end
     ids += full_ids[cursor:]
     mask += [False] * (len(full_ids) - cursor)
     if prompt_length is None:  # the completion holds no assistant turn, or there is no completion
         prompt_length = len(ids) - (len(full_ids) - raw_prompt_length)
+    if not prompt_only and completion and completion[-1]["role"] == "assistant" and last_end is not None:
+        ids, mask = ids[:last_end], mask[:last_end]  # the end rule: the turn's EOS ends the completion
     return ids, mask, prompt_length
 
 

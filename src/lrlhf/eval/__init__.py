@@ -8,7 +8,6 @@ from lrlhf.eval.best_of_n import (
     best_of_n,
     bon_expected,
     bon_kl,
-    reward_model_scorer,
     select_best_of_n,
     toy_gold_judge,
 )
@@ -20,6 +19,7 @@ from lrlhf.eval.plots import plot_goodhart, plot_utility_vs_kl
 from lrlhf.eval.report import subgroup_means, worst_subgroup, write_table
 from lrlhf.eval.utility import UtilityEstimate, bootstrap_interval, compare_with_sft, sample_gold_utility
 from lrlhf.eval.winrate import OUTCOMES, WinRate, win_rate
+from lrlhf.rewards.text import reward_model_scorer
 
 __all__ = [
     "OUTCOMES",

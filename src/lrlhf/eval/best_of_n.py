@@ -12,16 +12,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-import torch
-
-from lrlhf.data.collate import collate_encoded, collate_prompts, collate_responses
 from lrlhf.data.records import PromptExample
-from lrlhf.data.tokenize import encode_chat, encode_prompt
-from lrlhf.functional import response_masks
 from lrlhf.models.generation import SamplingConfig, as_prompt, generate_responses
+from lrlhf.rewards.text import Scorer
 
-#: ``(prompts, responses) -> scores``: one float per (prompt, response), in order.
-Scorer = Callable[[Sequence[PromptExample], Sequence[str]], list[float]]
 #: ``(prompt, response) -> utility``: the judge of a picked response.
 Judge = Callable[[PromptExample, str], float]
 
@@ -39,59 +33,6 @@ def toy_gold_judge(prompt: PromptExample, response: str) -> float:
     from lrlhf.data.toy import gold_utility
 
     return gold_utility(prompt.meta["task"], response)
-
-
-def reward_model_scorer(reward_model, tokenizer, max_length: int = 1024, batch_size: int = 64) -> Scorer:
-    """A :data:`Scorer` that renders each (prompt, response) as the reward model was trained on it (chat
-    template, the response as one assistant turn, left truncation) and reads :meth:`ScalarModel.score`."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    @torch.no_grad()
-    def score(prompts: Sequence[PromptExample], responses: Sequence[str]) -> list[float]:
-        device = next(reward_model.parameters()).device
-        encoded = [
-            # "keep": a score for any text (a response spelling a special token is read as the RM would read it)
-            encode_chat(tokenizer, p.prompt, [[{"role": "assistant", "content": r}]], max_length=max_length,
-                        special_text="keep")[0]
-            for p, r in zip(prompts, responses, strict=True)
-        ]
-        scores: list[float] = []
-        for start in range(0, len(encoded), batch_size):
-            batch = collate_encoded(encoded[start:start + batch_size], pad_id)
-            out = reward_model.score(batch["input_ids"].to(device), batch["attention_mask"].to(device))  # (b,)
-            scores += out.float().cpu().tolist()
-        return scores
-
-    return score
-
-
-def source_scorer(reward, tokenizer, max_length: int = 1024, batch_size: int = 64) -> Scorer:
-    """A :data:`Scorer` from a built reward source (the protocol of :mod:`lrlhf.modules.rewards`: ``score(query_ids,
-    query_mask, response_ids, masks, meta) -> RewardScores``; rules, a mixture, a judge, a reward model): each pair
-    is scored as PPO scores a sample, the prompt as the policy sees it (generation prompt, left truncation), the
-    response's tokens then an EOS, the prompt record's ``meta`` beside it (a rule may read its reference). The raw
-    scores (before any calibration)."""
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    eos_id = tokenizer.eos_token_id
-
-    @torch.no_grad()
-    def score(prompts: Sequence[PromptExample], responses: Sequence[str]) -> list[float]:
-        if len(prompts) != len(responses):
-            raise ValueError(f"{len(prompts)} prompts and {len(responses)} responses; need one each")
-        scores: list[float] = []
-        for start in range(0, len(prompts), batch_size):
-            records = [as_prompt(p) for p in prompts[start:start + batch_size]]
-            encoded = [encode_prompt(tokenizer, p, max_length=max_length, truncation="left", special_text="keep")
-                       for p in records]
-            queries = collate_prompts(encoded, pad_id)  # (b, P), left-padded
-            response_ids = collate_responses(tokenizer, responses[start:start + batch_size], eos_id, pad_id)
-            masks = response_masks(response_ids, eos_id, pad_id)
-            out = reward.score(queries["input_ids"], queries["attention_mask"], response_ids, masks,
-                               meta=[p.meta for p in records])
-            scores += out.scores.float().cpu().tolist()
-        return scores
-
-    return score
 
 
 class BestOfN(NamedTuple):

@@ -279,7 +279,7 @@ def check_eval_config(ev: EvalSettings) -> None:
         ("reward_model", ev.reward_model is not None or ev.reward is not None,
          "is null and so is eval.reward: give the proxy, a reward-model folder or a reward source (reward=...)"),
         ("reward", ev.reward is None or callable(getattr(ev.reward, "score", None)),
-         "must be a reward source (an object with build() and score(); lrlhf.modules.rewards)"),
+         "must be a reward source (an object with build() and score(); lrlhf.rewards.protocol)"),
         ("reward", not getattr(ev.reward, "needs_preparation", False),
          "is a mixture whose scales a PPO run measures on its reference samples (calibrate): recipe=eval has none; "
          "mix raw scores here (module.reward_model.calibrate=null) or evaluate with the reward model"),
@@ -391,9 +391,9 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
         results["bon_gold_curve"] = [{"n": n, "kl": k, "gold": g} for n, k, g in mean_curve(curves["gold"])]
         _write_curves(out_dir / "frontier_curves.csv", results)
     if ev.audit:  # the high-reward audit and the counterfactual table of every policy (audit.md, ...)
-        from lrlhf.eval.best_of_n import reward_model_scorer, source_scorer
+        from lrlhf.rewards.text import reward_model_scorer, text_scorer
 
-        raw = source_scorer(reward, tokenizer, batch_size=ev.batch_size) if reward is not None else \
+        raw = text_scorer(reward, tokenizer, batch_size=ev.batch_size) if reward is not None else \
             reward_model_scorer(reward_model, tokenizer, batch_size=ev.batch_size)
         results["counterfactual"] = _audits(evaluated, prompts, raw, calibration, judge, ev, out_dir, seed)
     atomic_write_text(out_dir / "eval_results.json", json.dumps(results, indent=2, default=list) + "\n")

@@ -123,7 +123,7 @@ def response_logprobs(model, q: Tensor, qm: Tensor, r: Tensor, temperature: floa
 class ModelPolicy:
     """Plain models as a :class:`HeldOutPolicy`: a causal LM sampled with ``sampling`` (plain temperature
     sampling), an optional reference for the KL, and the proxy: a reward model with ``score(input_ids,
-    attention_mask)``, or ``reward``, a built reward source (the protocol of :mod:`lrlhf.modules.rewards`: rules, a
+    attention_mask)``, or ``reward``, a built reward source (the protocol of :mod:`lrlhf.rewards.protocol`: rules, a
     mixture, a judge; it sees each row's prompt record ``meta``) in its place. Call it with every model in eval mode
     (no dropout: the forwards then draw no random numbers)."""
 
@@ -131,6 +131,11 @@ class ModelPolicy:
                  reward=None):
         if reward is not None and reward_model is not None:
             raise ValueError("ModelPolicy: give a reward model or a reward source as the proxy, not both")
+        if reward_model is not None:  # one place computes a reward model's score: its reward source
+            from lrlhf.rewards import FrozenRewardModel
+
+            reward = FrozenRewardModel(reward_model)
+            reward.build(None, tokenizer)
         self.model, self.tokenizer, self.reward_model, self.reward = model, tokenizer, reward_model, reward
         self.sampling, self.reference, self.calibration = sampling, reference, calibration
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -151,11 +156,9 @@ class ModelPolicy:
                 response_logprobs(self.reference, q, qm, r, temperature))
 
     def score(self, q: Tensor, qm: Tensor, r: Tensor, masks: ResponseMasks, meta=None) -> Tensor | None:
-        if self.reward is not None:
-            return self.reward.score(q, qm, r, masks, meta=meta).scores
-        if self.reward_model is None:
+        if self.reward is None:
             return None
-        return self.reward_model.score(torch.cat([q, r], 1), torch.cat([qm, masks.action_mask.to(qm.dtype)], 1))
+        return self.reward.score(q, qm, r, masks, meta=meta).scores
 
 
 class AdaptersOff:

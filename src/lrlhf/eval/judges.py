@@ -58,9 +58,9 @@ def reward_model_judge(folder: str, max_length: int = 1024) -> Judge:
     of the (prompt, response) rendered with the chat template. Use one trained on other data than the proxy."""
     import torch
 
-    from lrlhf.eval.best_of_n import reward_model_scorer
     from lrlhf.models import ModelConfig, load_tokenizer
     from lrlhf.models.reward import load_reward_model
+    from lrlhf.rewards.text import reward_model_scorer
 
     with torch.random.fork_rng(devices=[]):  # building it must not move the run's RNG (nor its rollouts)
         scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(folder)), max_length)

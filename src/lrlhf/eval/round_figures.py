@@ -21,9 +21,9 @@ def policy(folder: str):
 def rm_scorer(rm_folder: Path):
     """``score(prompts, texts) -> calibrated scores`` of the reward model in ``rm_folder``, loaded once
     (:meth:`RewardModule.export`'s folder: a LoRA RM's holds its merged weights too)."""
-    from lrlhf.eval.best_of_n import reward_model_scorer
     from lrlhf.models import ModelConfig, load_tokenizer
     from lrlhf.models.reward import load_calibration, load_reward_model
+    from lrlhf.rewards.text import reward_model_scorer
 
     folder = Path(rm_folder)
     scorer = reward_model_scorer(load_reward_model(folder), load_tokenizer(ModelConfig(str(folder))), 1024)

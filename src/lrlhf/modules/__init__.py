@@ -3,7 +3,6 @@
 from lrlhf.modules.dpo import DPOConfig, DPOModule
 from lrlhf.modules.kto import KTOConfig, KTOModule
 from lrlhf.modules.ppo import PPOConfig, PPOModule, Rollout
-from lrlhf.modules.rewards import FrozenRewardModel, FunctionReward, RewardAdapter, RewardEnsemble, RewardSource
 from lrlhf.modules.rm import (
     RewardCalibration,
     RewardConfig,
@@ -14,6 +13,7 @@ from lrlhf.modules.rm import (
     load_reward_model,
 )
 from lrlhf.modules.sft import SFTConfig, SFTModule
+from lrlhf.rewards.protocol import FrozenRewardModel, FunctionReward, RewardAdapter, RewardEnsemble, RewardSource
 
 __all__ = [
     "DPOConfig",

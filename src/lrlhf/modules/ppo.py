@@ -2,7 +2,7 @@
 
 Roles (``docs/architecture.md``): **policy** = the merged SFT base (frozen) + LoRA adapter ``policy``;
 **reference** = the same base with every adapter disabled; **value** = the critic (``module.critic``,
-:mod:`lrlhf.modules.critic`); **reward** = a reward source (``module.reward_model``, :mod:`lrlhf.modules.rewards`: a
+:mod:`lrlhf.modules.critic`); **reward** = a reward source (``module.reward_model``, :mod:`lrlhf.rewards.protocol`: a
 frozen :class:`ScalarModel`, its ``reward`` adapter on the policy's base, an ensemble, a program), with an optional
 frozen calibration. The advantage estimator (``module.advantage``, :mod:`lrlhf.modules.advantages`: GAE = PPO, RLOO,
 GRPO), the critic and the KL controller (``module.kl_controller``, owned and checkpointed here) are objects chosen by
@@ -48,7 +48,6 @@ from lrlhf.models import reference_mode as _reference_mode
 from lrlhf.models.engines import LocalEngine, RolloutEngine, sequence_inputs
 from lrlhf.models.generation import eos_token_ids
 from lrlhf.models.reward import RewardCalibration, load_calibration
-from lrlhf.modules import rewards as reward_protocol
 from lrlhf.modules.advantages import GAE, AdvantageEstimator, DynamicSampling
 from lrlhf.modules.critic import POLICY, Critic, ValueAdapter
 from lrlhf.modules.group_sharing import GroupSharing
@@ -56,8 +55,9 @@ from lrlhf.modules.guards import PPOGuards, Precision
 from lrlhf.modules.ppo_config import PPOConfig, component_settings
 from lrlhf.modules.ppo_stage import PPOStage
 from lrlhf.modules.ppo_update import PPOUpdate
-from lrlhf.modules.rewards import Meta, RewardAdapter, RewardEnsemble, RewardScores, RewardSource, reward_source
 from lrlhf.modules.rollout import Rollout, Sampled, Scored, check_finite, log_synced, row_chunks, score_rows
+from lrlhf.rewards import protocol as reward_protocol
+from lrlhf.rewards.protocol import Meta, RewardAdapter, RewardEnsemble, RewardScores, RewardSource, reward_source
 from lrlhf.strategies import full_params_for_generation
 from lrlhf.utils.distributed import any_across_ranks, forward_is_collective, global_weighted_mean, seed_rank_stream
 from lrlhf.utils.errors import InvariantError
@@ -68,10 +68,10 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
 
     Args:
         policy: the SFT model: a :class:`ModelConfig` (loaded in :meth:`configure_model`) or a plain causal LM.
-        reward_model: a reward source (:mod:`lrlhf.modules.rewards`: ``build`` and ``score``; a :class:`RewardAdapter`,
+        reward_model: a reward source (:mod:`lrlhf.rewards.protocol`: ``build`` and ``score``; a :class:`RewardAdapter`,
             the RM's LoRA adapter on the policy's base; a :class:`RewardEnsemble`, an ensemble folder and its rule; a
-            :class:`~lrlhf.modules.rewards.FunctionReward`), or a frozen :class:`ScalarModel` or the folder of
-            :meth:`RewardModule.export` (a :class:`~lrlhf.modules.rewards.FrozenRewardModel`).
+            :class:`~lrlhf.rewards.protocol.FunctionReward`), or a frozen :class:`ScalarModel` or the folder of
+            :meth:`RewardModule.export` (a :class:`~lrlhf.rewards.protocol.FrozenRewardModel`).
         tokenizer: loaded from the ``ModelConfig`` when None. config: :class:`PPOConfig` or a dict of its fields.
         calibration: frozen ``(r - mean) / std`` of the RM scores, or a path to it, or a :class:`~lrlhf.modules
             .calibration.ReferenceSamples` measured before the first update; None = raw scores.
@@ -126,7 +126,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.model_config = policy if isinstance(policy, ModelConfig) else None
         self.model: nn.Module | None = None
         self._policy_module = None if self.model_config is not None else policy
-        #: the reward source (:mod:`lrlhf.modules.rewards`), built in :meth:`configure_model`, called by :meth:`score`
+        #: the reward source (:mod:`lrlhf.rewards.protocol`), built in :meth:`configure_model`, called by :meth:`score`
         self.reward: RewardSource = reward_source(reward_model)
         #: the frozen module it scores with (None for a program), registered here: the checkpoint's frozen part
         self.reward_model: nn.Module | None = reward_model if isinstance(reward_model, nn.Module) else None
@@ -342,7 +342,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         return scores, shaped
 
     def reward_calibration(self) -> RewardCalibration | None:
-        """The frozen calibration; one to measure (:class:`~lrlhf.modules.calibration.ReferenceSamples`) is measured
+        """The frozen calibration; one to measure (:class:`~lrlhf.rewards.calibration.ReferenceSamples`) is measured
         at its first use, before any update (a resumed run restores the measured one from its checkpoint)."""
         if hasattr(self.calibration, "measure"):
             if self.rollouts_done:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from lrlhf.functional import ResponseMasks, explained_variance, kl_k1, masked_mean, masked_sum
 from lrlhf.models.engines import sequence_inputs  # the layout of prompt + response, one place for every forward
-from lrlhf.modules.rewards import RewardScores
+from lrlhf.rewards.protocol import RewardScores
 
 
 def take_rows(value, rows: Tensor):

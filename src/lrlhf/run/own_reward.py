@@ -84,7 +84,7 @@ def settle_own_reward(cfg: DictConfig, overrides: list[str]) -> str | None:
         calibration = str(folder)
         said.append(f"calibrated by its own folder's statistics (module.calibration={folder})" if folder else
                     "its raw scores, uncalibrated (module.calibration=null; set it to calibrate, e.g. "
-                    "module.calibration={_target_: lrlhf.modules.calibration.ReferenceSamples})")
+                    "module.calibration={_target_: lrlhf.rewards.calibration.ReferenceSamples})")
     uses_rm = "deps.rm" in written or "deps.rm" in calibration
     if "needs.rm" not in keys and OmegaConf.select(cfg, "needs.rm", default=None) and not uses_rm:
         with open_dict(cfg):

@@ -135,6 +135,7 @@ def stage_key(cfg: DictConfig) -> str:
     """A hash of what a stage computes: its resolved config without paths, logger and the like, and with the
     cache folder's own path left out of the paths of the stages it reads (a cache moved elsewhere is reused)."""
     from lrlhf import __version__
+    from lrlhf.data.tokenize import RENDERING
 
     content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
     text = json.dumps(content, sort_keys=True, default=str)
@@ -142,7 +143,7 @@ def stage_key(cfg: DictConfig) -> str:
     for form in {str(Path(cache).expanduser()), str(Path(cache).expanduser().resolve())} if cache else ():
         # the stages a stage reads (deps.*, world.dir) live in the cache: a moved or shared cache keeps its keys
         text = text.replace(f'"{form}/', '"<paths.cache_dir>/').replace(f'"{form}"', '"<paths.cache_dir>"')
-    text += __version__
+    text += f"{__version__} rendering {RENDERING}"  # a stage trained under other rendering rules is another stage
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

@@ -151,11 +151,11 @@ def ensemble_figures(folder: Path, test_file, members: list[Path]) -> dict:
 
     from lrlhf.data.formats import PREFERENCE_KINDS, load_records
     from lrlhf.data.records import PromptExample, as_pairs
-    from lrlhf.eval.best_of_n import reward_model_scorer
     from lrlhf.functional.ensemble_rules import EnsembleMean, WorstCase, disagreement
     from lrlhf.functional.stats import bootstrap_interval
     from lrlhf.models import ModelConfig, load_tokenizer
     from lrlhf.models.ensemble import load_reward_ensemble
+    from lrlhf.rewards.text import reward_model_scorer
 
     if not test_file:
         return {}

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from lrlhf.data.constraints import constraint_of, credit, satisfied
-from lrlhf.modules.reward_rules import Rule
+from lrlhf.rewards.rules import Rule
 
 
 @dataclass

@@ -19,9 +19,9 @@ The shipped sources: :class:`FrozenRewardModel` (a reward-model folder, or a :cl
 adapter on the policy's own base), :class:`RewardEnsemble` (an ensemble folder and its combination rule) and
 :class:`FunctionReward` (a program on the decoded texts: ``reward=gold`` is the toy world's verifier,
 :func:`lrlhf.data.toy.verifiable_reward`, the exact reward under which PPO's optimiser is measured alone). Any
-``fn(prompt, response) -> float`` works: ``module.reward_model={_target_: lrlhf.modules.rewards.FunctionReward, fn:
+``fn(prompt, response) -> float`` works: ``module.reward_model={_target_: lrlhf.rewards.protocol.FunctionReward, fn:
 {_target_: hydra.utils.get_method, path: my_pkg.my_reward}}``. A program that reads the prompt record's fields (a
-reference answer) overrides :meth:`TextReward.score_records` (rules: :meth:`lrlhf.modules.reward_rules.Rule
+reference answer) overrides :meth:`TextReward.score_records` (rules: :meth:`lrlhf.rewards.rules.Rule
 .check_record`).
 """
 
@@ -228,7 +228,7 @@ def _text_scores(reward: TextReward, result, n: int) -> tuple[list[float], dict[
 
 SOURCE_CONTRACT = ("a reward source's score(query_ids, query_mask, response_ids, masks, meta) returns RewardScores("
                    "scores=(B,) tensor, disagreement=None or (B,), components=None or name -> (B,)) "
-                   "(lrlhf.modules.rewards)")
+                   "(lrlhf.rewards.protocol)")
 
 
 def checked_scores(source, result, n: int) -> RewardScores:
@@ -278,10 +278,10 @@ def reward_source(reward_model) -> RewardSource:
         if not _takes_meta(reward_model.score):
             raise TypeError(f"module.reward_model: {type(reward_model).__name__}.score must take the prompts' records "
                             "as `meta` (score(query_ids, query_mask, response_ids, masks, meta=None), "
-                            "lrlhf.modules.rewards.RewardSource)")
+                            "lrlhf.rewards.protocol.RewardSource)")
         return reward_model
     raise TypeError(f"module.reward_model must be a reward-model folder, a ScalarModel or a reward source (build and "
-                    f"score, lrlhf.modules.rewards), got {type(reward_model).__name__}")
+                    f"score, lrlhf.rewards.protocol), got {type(reward_model).__name__}")
 
 
 __all__ = ["FrozenRewardModel", "FunctionReward", "Meta", "RewardAdapter", "RewardEnsemble", "RewardScores",

@@ -12,7 +12,7 @@ Shipped: :class:`JsonParses` (optionally with required keys), :class:`Regex` (mu
 JSON tool call with the right name), :class:`MathAnswer` (the final answer equals the record's reference, by HF's
 math-verify). Any object with ``name``, ``gate`` and ``check(prompt, response)`` is a rule (a :class:`Rule` may write
 ``check_record`` instead).
-Mixed with a reward model, a rule's scale must be calibrated first (:class:`lrlhf.modules.reward_mixture.Mixture`).
+Mixed with a reward model, a rule's scale must be calibrated first (:class:`lrlhf.rewards.mixture.Mixture`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lrlhf.data.math_answers import answer_matches, record_reference, require_math_verify
-from lrlhf.modules.rewards import Meta, TextReward
+from lrlhf.rewards.protocol import Meta, TextReward
 
 
 class Rule:
@@ -200,7 +200,7 @@ class RuleReward(TextReward):
                         if callable(getattr(rule, "score", None)) else "")
                 raise TypeError(f"module.reward_model.rules[{i}] is a {type(rule).__name__}, not a rule{hint}: a rule "
                                 "has `name`, `gate` and check(prompt, response) -> 1.0 or 0.0 "
-                                "(lrlhf.modules.reward_rules.Rule)")
+                                "(lrlhf.rewards.rules.Rule)")
         names = [r.name for r in self.rules]
         if not self.rules:
             raise ValueError("module.reward_model.rules must hold at least one rule")

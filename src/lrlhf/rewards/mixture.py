@@ -4,7 +4,7 @@ each normalised by its own scale before the weights apply.
 Without normalisation the weights mean nothing: a ``[0, 1]`` rule beside a reward model whose scores spread over
 several units is drowned, and a rule on a larger scale than the model teaches format instead of content. So each
 source's ``(mean, std)`` is measured once, before the first update, on the reference policy's own responses to the
-run's prompts (:class:`~lrlhf.modules.calibration.ReferenceSamples`, the measurement PPO's own calibration makes), and
+run's prompts (:class:`~lrlhf.rewards.calibration.ReferenceSamples`, the measurement PPO's own calibration makes), and
 the reward is ``sum_i w_i (s_i - mean_i) / std_i``. A source that gives every reference response the same score (a
 rule the reference never or always passes) has no scale there: it is centred only (std 1), and said so.
 
@@ -21,8 +21,8 @@ import torch
 from torch import Tensor, nn
 
 from lrlhf.functional import ResponseMasks
-from lrlhf.modules.calibration import reference_chunks
-from lrlhf.modules.rewards import Meta, RewardScores, RewardSource, reward_source
+from lrlhf.rewards.calibration import reference_chunks
+from lrlhf.rewards.protocol import Meta, RewardScores, RewardSource, reward_source
 
 
 class Mixture(RewardSource):
@@ -30,7 +30,7 @@ class Mixture(RewardSource):
 
     Args:
         parts: ``name -> {"source": a reward source (or a reward-model folder), "weight": float}``.
-        calibrate: a :class:`~lrlhf.modules.calibration.ReferenceSamples` (how many reference responses measure each
+        calibrate: a :class:`~lrlhf.rewards.calibration.ReferenceSamples` (how many reference responses measure each
             source's scale), or None: the raw scores are mixed (the weights then carry the scales).
     """
 

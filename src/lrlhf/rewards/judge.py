@@ -27,7 +27,7 @@ from lrlhf.data.math_answers import record_field
 from lrlhf.data.records import PromptExample
 from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
 from lrlhf.models.generation import SamplingConfig, generate_responses
-from lrlhf.modules.rewards import Meta, TextReward
+from lrlhf.rewards.protocol import Meta, TextReward
 from lrlhf.utils.errors import InvariantError
 
 PAIRWISE_TEMPLATE = ("Which answer to the request is better? Reply with the letter A or B only.\nRequest: {prompt}\n"

@@ -21,7 +21,6 @@ from lrlhf.functional import ResponseMasks
 from lrlhf.functional.masks import response_masks
 from lrlhf.models import reference_mode
 from lrlhf.models.reward import RewardCalibration
-from lrlhf.modules.rollout import row_chunks
 
 
 class ReferenceBatch(NamedTuple):
@@ -82,7 +81,8 @@ def reference_chunks(batch: ReferenceBatch, size: int):
     """The :class:`ReferenceBatch` of :meth:`ReferenceSamples.reference_batch` in chunks of ``size`` rows (a scoring
     forward's batch)."""
     query_ids, query_mask, response_ids, masks, meta = batch
-    for rows in row_chunks(query_ids.shape[0], size):
+    for start in range(0, query_ids.shape[0], size):
+        rows = slice(start, start + size)
         yield ReferenceBatch(query_ids[rows], query_mask[rows], response_ids[rows],
                              type(masks)(*(m[rows] for m in masks)), None if meta is None else meta[rows])
 
