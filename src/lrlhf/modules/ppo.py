@@ -463,7 +463,6 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         self.empty_in_a_row = 0
         stats = {**self.rollout_stats(rollout), **engine_gap}
         # 7. update epochs on the frozen rollout
-        # logged at every rollout: Lightning's logger rows repeat a step metric's last value until it is logged again
         stats["rollout/skipped_update"] = 0.0
         if any_across_ranks(bool(rollout.action_mask.any())):  # ranks step together (DDP/FSDP collectives)
             stats.update(self.update(rollout))

@@ -10,6 +10,7 @@ from lrlhf.models import export_adapter, export_merged
 from lrlhf.models.reward import RewardCalibration
 from lrlhf.modules.critic import POLICY
 from lrlhf.modules.stage import StageOutputs
+from lrlhf.utils.compat import forget_step_metrics
 
 
 class PPOStage(StageOutputs):
@@ -33,6 +34,11 @@ class PPOStage(StageOutputs):
                              f"nothing. Set both (hparams.ppo.max_steps=N sets both on the toy scale), or "
                              f"module.config.scheduler=constant to extend a run")
         return cfg.optimizers(self, total_steps=1)  # constant (or total_steps set): the length is not needed
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        """A rollout's rows hold what was logged for it alone: a held-out evaluation's metrics do not repeat in
+        the rows of the rollouts after it (:func:`lrlhf.utils.compat.forget_step_metrics`)."""
+        forget_step_metrics(self.trainer)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         """Besides the weights: the KL controller's state (beta; its settings are the config's), the rollouts done,

@@ -89,4 +89,17 @@ def static_cache(config, max_cache_len: int):
     return cache
 
 
-__all__ = ["CACHE_KEYWORDS", "cache_keyword", "static_cache", "transformers_version", "unwrap_model"]
+def forget_step_metrics(trainer) -> None:
+    """Forget the step-only metrics logged at earlier batches, so that a metric logged at some steps only (a held-out
+    evaluation every N rollouts, a conditional statistic) is written in the rows of those steps alone. Lightning
+    (2.6) keeps a step metric's last value in the trainer's result collection (``trainer._results``, not public)
+    until the epoch ends, and every later row of ``metrics.csv`` and W&B repeated it. Epoch aggregates and
+    torchmetrics objects are left alone; ``trainer.callback_metrics`` / ``logged_metrics`` keep the last values."""
+    results = getattr(trainer, "_results", None)
+    for item in (results or {}).values():
+        if item.is_tensor and item.meta.on_step and not item.meta.on_epoch:
+            item.reset()
+
+
+__all__ = ["CACHE_KEYWORDS", "cache_keyword", "forget_step_metrics", "static_cache", "transformers_version",
+           "unwrap_model"]
