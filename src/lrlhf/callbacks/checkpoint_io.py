@@ -29,6 +29,8 @@ from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import _is_local_file_protocol
 from lightning.pytorch.utilities import rank_zero_warn
 
+from lrlhf.utils.io import storage_error
+
 if TYPE_CHECKING:
     from lrlhf.callbacks.checkpoint import ResumableCheckpoint
 
@@ -143,6 +145,14 @@ def save_local(checkpoint: dict[str, Any], path: str | Path) -> None:
         _fsync(tmp)
         if not direct:
             os.replace(tmp, path)
+    except (OSError, RuntimeError) as err:
+        tmp.unlink(missing_ok=True)
+        earlier = [p.stat().st_size for p in path.parent.glob("*.ckpt") if p.is_file() and not p.is_symlink()]
+        final = re.sub(r"^\.(.+?)(\.\d+)?\.partial$", r"\1", path.name)  # the checkpoint it was to become
+        refused = storage_error(err, path.with_name(final), max(earlier, default=None))
+        if refused is not None:  # a full disk: one line, the last complete checkpoint is untouched
+            raise refused from err
+        raise
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -41,7 +41,7 @@ from lrlhf.run.training import at_folder, stage_label
 from lrlhf.utils.console import print_summary
 from lrlhf.utils.distributed import close_process_group
 from lrlhf.utils.errors import InvariantError
-from lrlhf.utils.io import atomic_write_text
+from lrlhf.utils.io import StorageError, atomic_write_text
 
 #: The shipped configuration: ``configs/`` (Hydra's primary config folder), ``recipes/`` and ``callbacks/``, package
 #: data of the wheel (the checkout's top-level ``configs``, ``recipes`` and ``callbacks`` link here).
@@ -280,10 +280,10 @@ def plan_line(cfg: DictConfig, todo: list, choices) -> str:
             + (f"; change with {keys}" if keys else "") + "; each stage shows its pace after its first step)")
 
 
-#: What a user's input can get wrong (a config value, a data file, a model folder, a refused resume) and the run-time
-#: invariant checks (a non-finite loss, a broken PPO invariant): reported as one message, the traceback only with
-#: HYDRA_FULL_ERROR=1 or LRLHF_DEBUG=1.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, FloatingPointError, InvariantError)
+#: What a user's input can get wrong (a config value, a data file, a model folder, a refused resume), the run-time
+#: invariant checks (a non-finite loss, a broken PPO invariant) and a storage that refuses a write (a full disk):
+#: reported as one message, the traceback only with HYDRA_FULL_ERROR=1 or LRLHF_DEBUG=1.
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, FloatingPointError, InvariantError, StorageError)
 
 
 def _task(cfg: DictConfig) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -17,6 +18,48 @@ def _umask() -> int:
     return mask
 
 
+class StorageError(OSError):
+    """A write the storage refused (no space, quota, read-only, no permission): one line naming the path, the room
+    left there and what the write needed (:func:`storage_error`)."""
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
+#: errnos of a storage fault (the write can succeed once space or permission is given back)
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+
+
+def storage_error(err: BaseException, path: str | Path, needed: int | None = None) -> StorageError | None:
+    """A :class:`StorageError` for ``err`` raised while writing ``path`` when it was the storage's refusal: an
+    ``OSError`` with a storage errno, or any error (``torch.save`` reports a full disk as a ``RuntimeError`` of its
+    zip writer) while the file system holds less than ``needed`` bytes (or under 1 MB) free; None otherwise."""
+    path = Path(path)
+    folder = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    code = getattr(err, "errno", None)
+    full = free is not None and free < max(needed or 0, 1 << 20)
+    if code not in STORAGE_ERRNOS and not full:
+        return None
+    what = {errno.EROFS: "the file system is read-only", errno.EACCES: "no permission to write there",
+            errno.EPERM: "no permission to write there"}.get(code, "no space left on the device")
+    need = f", the write needs about {_size(needed)}" if needed else ""
+    room = f" ({_size(free)} free there{need})" if free is not None else ""
+    return StorageError(code or errno.ENOSPC, f"cannot write {path}: {what}{room}. Nothing complete was replaced "
+                        "(writes are atomic): give it room and run the same command again (a training run resumes "
+                        "from its last complete checkpoint with ckpt_path=last)")
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
     """Write ``data`` to ``path``: a temporary file in the same folder, fsync, then ``os.replace``."""
     path = Path(path)
@@ -29,8 +72,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the file ordinary permissions
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as err:
         Path(tmp).unlink(missing_ok=True)
+        refused = storage_error(err, path, len(data)) if isinstance(err, OSError) else None
+        if refused is not None:
+            raise refused from err
         raise
     return path
 
