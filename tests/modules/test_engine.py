@@ -145,6 +145,7 @@ def test_a_bf16_merged_engine_beside_fp32_weights_has_its_log_probs_recomputed_a
     from lrlhf.models.engines import MergedEngine
 
     module = _module(world, tokenizer, parts={"engine": MergedEngine(dtype="bfloat16")})
+    assert module.engine.reduced and module.engine.copy is None  # known at the sync, before any merge (self-check)
     rollouts = []
     make = module.make_rollout
     module.make_rollout = lambda batch: rollouts.append(make(batch)) or rollouts[-1]
@@ -182,3 +183,53 @@ def test_the_merged_engine_refuses_what_it_cannot_merge(world, tokenizer):
     with pytest.raises(ValueError, match=r"a sharded forward \(FSDP\) needs the local engine"):
         engine.generate(ids, torch.ones_like(ids), max_new_tokens=2, temperature=1.0, eos_token_ids=[0],
                         pad_token_id=0, synced=True)
+
+
+def test_the_merged_copy_follows_each_update_for_the_callbacks_after_the_step(world, tokenizer, tmp_path):
+    """Callbacks sample after the update (the held-out evaluation): the copy is merged from the updated weights."""
+    import lightning.pytorch as pl
+
+    from lrlhf.models.engines import MergedEngine
+
+    gaps = []
+
+    class AfterTheStep(pl.Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            ids, mask = batch["input_ids"][:2], batch["attention_mask"][:2]
+            probe = ids[:, -4:]
+            gap = pl_module.engine.logprobs(ids, mask, probe, 1.0) - pl_module.policy_forward(ids, mask, probe)[0]
+            gaps.append(gap.abs().max().item())
+
+    module = _module(world, tokenizer, parts={"engine": MergedEngine(dtype="float32")})
+    _fit(module, world, tokenizer, 3, tmp_path, callbacks=[AfterTheStep()])
+    assert len(gaps) == 3 and max(gaps) < 1e-4, gaps  # (the pre-update copy: a gap of the update's size)
+
+
+def test_the_merged_engine_merges_an_embedding_adapter_and_refuses_a_tied_one(world, tokenizer):
+    from peft import LoraConfig, get_peft_model
+
+    from lrlhf.models.engines import MergedEngine
+
+    model = load_causal_lm(ModelConfig(str(world.model)))
+    peft = get_peft_model(model, LoraConfig(r=4, target_modules=["q_proj", "embed_tokens"]), adapter_name="policy")
+    _perturb_policy(peft, 3)
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_embedding_B" in name:
+                p.normal_()
+    engine = MergedEngine(dtype="float32")
+    engine.sync(peft)
+    ids = _batch(world, tokenizer)["input_ids"][:2]
+    mask = torch.ones_like(ids)
+    expected = teacher_forced_logprobs(peft, ids, mask, ids[:, -4:], 1.0)
+    with peft.disable_adapter():
+        base = teacher_forced_logprobs(peft, ids, mask, ids[:, -4:], 1.0)
+    assert (expected - base).abs().max() > 1e-2
+    torch.testing.assert_close(engine.logprobs(ids, mask, ids[:, -4:], 1.0), expected, atol=1e-4, rtol=0)
+    tied = load_causal_lm(ModelConfig(str(world.model)))
+    tied.lm_head.weight = tied.model.embed_tokens.weight  # tied embeddings: one weight, two modules
+    tied = get_peft_model(tied, LoraConfig(r=4, target_modules=["embed_tokens"]), adapter_name="policy")
+    engine = MergedEngine(dtype="float32")
+    engine.sync(tied)
+    with pytest.raises(ValueError, match=r"shares its weight with .*lm_head.* \(tied embeddings\)"):
+        engine.logprobs(ids, mask, ids[:, -4:], 1.0)

@@ -242,6 +242,7 @@ def test_dynamic_sampling_drops_the_degenerate_groups_before_the_advantages(worl
     assert rollout.filter_stats["rollout/groups_kept"] == 2.0
     # every product of the rollout is selected with its rows: the reward's disagreement and components too
     assert rollout.components["row"].tolist() == [2.0, 3.0, 6.0, 7.0]
+    assert rollout.prompt_index.tolist() == [1, 1, 3, 3]  # each kept row's prompt (the audit reads it)
     assert rollout.disagreement.tolist() == pytest.approx([0.2, 0.3, 0.6, 0.7])
     assert module.rollout_stats(rollout)["reward/row"] == 4.5
     kept = _module(world, tokenizer, advantage=GRPO(samples_per_prompt=2), critic=None, reward=HalfDegenerate(2),

@@ -55,8 +55,8 @@ class HighRewardAudit(pl.Callback):
         from lrlhf.utils.tables import log_table
 
         tok = pl_module.tokenizer
-        k = len(rollout) // len(batch["prompts"])
-        prompts = [PromptExample(batch["prompts"][i // k], meta=batch["meta"][i // k]) for i in range(len(rollout))]
+        prompts = [PromptExample(batch["prompts"][i], meta=batch["meta"][i])  # rows a filter kept keep their prompt
+                   for i in rollout.prompt_index.tolist()]
         lengths = rollout.masks.lengths.tolist()
         responses = [tok.decode(rollout.response_ids[i, :n].tolist(), skip_special_tokens=True).strip()
                      for i, n in enumerate(lengths)]

@@ -145,16 +145,32 @@ class MergedEngine(LocalEngine):
         if dtype != "auto" and not isinstance(getattr(torch, str(dtype), None), torch.dtype):
             raise ValueError(f"module.engine.dtype={dtype!r}: auto or a torch dtype name (bfloat16, float16, float32)")
         self.dtype_setting, self.adapter, self.copy, self.source, self.pending = dtype, adapter, None, None, None
-        self.reduced = False
+        self.resolved: torch.dtype | None = None  # ``auto`` as first seen under autocast, kept for the run
 
     def settings(self) -> dict:
         return {**super().settings(), "dtype": self.dtype_setting, "adapter": self.adapter}
 
     def _dtype(self, weights: Tensor) -> torch.dtype:
+        """The copy's dtype: the setting's; ``auto``: the first autocast dtype a sync or merge runs under (the
+        training step's, bf16 under ``bf16-mixed``), kept for the run, so a sample drawn outside the step (a
+        held-out evaluation in a callback) does not rebuild the copy; the weights' own until one is seen."""
         if self.dtype_setting != "auto":
             return getattr(torch, self.dtype_setting)
         device = weights.device.type
-        return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weights.dtype
+        if self.resolved is None and torch.is_autocast_enabled(device):
+            self.resolved = torch.get_autocast_dtype(device)
+        return self.resolved or weights.dtype
+
+    @property
+    def reduced(self) -> bool:
+        """Half-precision weights beside the trainer's wider ones (known at the sync, before any merge)."""
+        from lrlhf.utils.compat import unwrap_model
+
+        model = self.pending if self.pending is not None else self.source
+        if model is None:
+            return False
+        weights = next(p for p in unwrap_model(model).parameters() if p.is_floating_point())
+        return self._dtype(weights) in HALF_DTYPES and weights.dtype not in HALF_DTYPES
 
     def sync(self, model) -> None:
         self.pending = model  # merged at the next use, under the autocast state the rollout runs in
@@ -178,8 +194,8 @@ class MergedEngine(LocalEngine):
             raise ValueError("module.engine=merged: a quantised (k-bit) base cannot take the merged adapter; use the "
                              "local engine (module.engine=null)")
         base = unwrap_model(model)
-        layers = {name: layer for name, layer in base.named_modules()
-                  if isinstance(layer, LoraLayer) and self.adapter in layer.lora_A}
+        layers = {name: layer for name, layer in base.named_modules() if isinstance(layer, LoraLayer)
+                  and (self.adapter in layer.lora_A or self.adapter in getattr(layer, "lora_embedding_A", {}))}
         if not layers:
             raise ValueError(f"module.engine=merged: the policy has no LoRA adapter {self.adapter!r} to merge")
         if any(layer.use_dora.get(self.adapter, False) for layer in layers.values()):
@@ -190,9 +206,15 @@ class MergedEngine(LocalEngine):
             self.copy = None  # the old copy goes before the new one is made
             self.copy = copy.deepcopy(model).unload().to(dtype).eval().requires_grad_(False)
             self.source = model
-            self.reduced = dtype in HALF_DTYPES and weights.dtype not in HALF_DTYPES
+        shared = {}  # weights the copy ties to another module (tied embeddings): a merged delta would reach both
+        for name, parameter in self.copy.named_parameters(remove_duplicate=False):
+            shared.setdefault(parameter.data_ptr(), []).append(name)
         for name, layer in layers.items():
             target = self.copy.get_submodule(name)
+            if len(shared.get(target.weight.data_ptr(), ())) > 1:
+                raise ValueError(f"module.engine=merged: the adapted layer {name} shares its weight with "
+                                 f"{shared[target.weight.data_ptr()]} (tied embeddings): merging would adapt both; "
+                                 "use the local engine")
             merged = layer.base_layer.weight.float() + layer.get_delta_weight(self.adapter).float()
             target.weight.copy_(merged.to(target.weight.dtype))
         self.model = self.copy

@@ -383,6 +383,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         query_ids = batch["input_ids"].repeat_interleave(k, dim=0)  # (B, P)
         query_mask = batch["attention_mask"].repeat_interleave(k, dim=0)
         meta = [m for m in batch["meta"] for _ in range(k)] if "meta" in batch else None
+        prompt_index = torch.arange(batch["input_ids"].shape[0]).repeat_interleave(k)  # each row's prompt in batch
         # 2. sample (exact ids kept; the sampling log-probs, and a shared trunk's values, with them)
         response_ids, sampled_logprobs, sampled_values = self.sample(query_ids, query_mask)  # (B, R) each
         sampler_logprobs = sampled_logprobs  # mu: what the tokens were drawn from
@@ -398,7 +399,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         chunk = max(k, self.config.forward_batch_size // k * k)
         reward = score_rows(self.reward_scores, query_ids, query_mask, response_ids, masks, meta, chunk)
         rows = Scored(query_ids, query_mask, response_ids, masks, reward, sampled_logprobs, sampled_values,
-                      sampler_logprobs)
+                      sampler_logprobs, prompt_index=prompt_index)
         if self.group_filter is not None:  # dynamic sampling: groups of equal scores leave before the forwards
             zeros = response_ids.new_zeros(response_ids.shape, dtype=torch.float32)  # the scores need no log-prob
             scores = self.compute_rewards(reward.scores, zeros, zeros, masks)[1].scores
@@ -427,6 +428,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
             policy_mask=masks.action_mask & self.overlong.keep(masks.lengths, masks.has_eos)[:, None],
             sampler_logprobs=(scored["logprobs"] if rows.sampler_logprobs is None else rows.sampler_logprobs.float()),
             disagreement=rows.reward.disagreement, components=rows.reward.components, filter_stats=rows.filter_stats,
+            prompt_index=rows.prompt_index,
         )
         # 6. advantages
         advantages, returns = self.compute_advantages(rollout.rewards, rollout.values, rollout.action_mask)
@@ -466,6 +468,7 @@ class PPOModule(PPOStage, PPOUpdate, pl.LightningModule):
         stats["rollout/skipped_update"] = 0.0
         if any_across_ranks(bool(rollout.action_mask.any())):  # ranks step together (DDP/FSDP collectives)
             stats.update(self.update(rollout))
+            self.engine.sync(self.model)  # the callbacks after the step sample the updated policy
         else:
             stats["rollout/skipped_update"] = 1.0  # no action to learn from (every response empty)
         # 8. log, drive the KL controller; the rollout is dropped on return

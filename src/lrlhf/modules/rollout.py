@@ -44,6 +44,9 @@ def concat_scores(parts: list[RewardScores]) -> RewardScores:
     spread = [part.disagreement for part in parts if part.disagreement is not None]
     if spread and len(spread) != len(parts):
         raise ValueError("a reward source gave a disagreement for some row chunks of a rollout and not for others")
+    names = [sorted(part.components or {}) for part in parts]
+    if any(n != names[0] for n in names):
+        raise ValueError(f"a reward source named other components in some row chunks of a rollout: {names}")
     components: dict[str, list[Tensor]] = {}
     for part in parts:
         for name, value in (part.components or {}).items():
@@ -83,6 +86,7 @@ class Scored:
     values: Tensor | None = None
     sampler_logprobs: Tensor | None = None
     filter_stats: dict[str, float] = dataclasses.field(default_factory=dict)
+    prompt_index: Tensor | None = None
 
     select = select_rows
 
@@ -107,6 +111,7 @@ class Rollout:
         disagreement: ``(B,)`` an ensemble reward's per-sample std of its members, or None.
         components: ``name -> (B,)`` the reward's named parts (a rule's pass, a mixture source's score).
         filter_stats: what dynamic sampling kept of the rows sampled (``rollout/groups_*``); empty without it.
+        prompt_index: ``(B,)`` each row's prompt in the Trainer batch (rows kept by dynamic sampling keep theirs).
     """
 
     query_ids: Tensor
@@ -127,6 +132,7 @@ class Rollout:
     disagreement: Tensor | None = None
     components: dict[str, Tensor] = dataclasses.field(default_factory=dict)
     filter_stats: dict[str, float] = dataclasses.field(default_factory=dict)
+    prompt_index: Tensor | None = None
 
     def __len__(self) -> int:
         return self.query_ids.shape[0]

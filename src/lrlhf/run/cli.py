@@ -127,7 +127,7 @@ class RunFolderInUse(ValueError):
 def _run(cfg: DictConfig) -> dict:
     from hydra.core.hydra_config import HydraConfig
 
-    from lrlhf.utils.distributed import is_global_zero, wait_for_file
+    from lrlhf.utils.distributed import is_global_zero, launched_processes, wait_for_file
     from lrlhf.utils.io import atomic_save_folder
 
     logging.getLogger("lrlhf").setLevel(logging.WARNING)  # the data summaries are printed once, not logged too
@@ -170,6 +170,9 @@ def _run(cfg: DictConfig) -> dict:
         lock = hold_stage(recipe, out_dir) if zero else None  # one launch builds it; another waits and reuses it
         try:
             if lock is not None and _stage_done(out_dir):
+                if launched_processes() > 1:  # the other ranks are on their way into the build: all stop
+                    raise RunFolderInUse(f"another launch built the `{recipe}` stage in {out_dir} while this one "
+                                         "was starting: relaunch to reuse it")
                 print(f"[{next(number)}/{steps}] reusing the `{recipe}` stage another launch built meanwhile: "
                       f"{out_dir}", flush=True)
                 continue

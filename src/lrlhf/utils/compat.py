@@ -93,8 +93,13 @@ def forget_step_metrics(trainer) -> None:
     """Forget the step-only metrics logged at earlier batches, so that a metric logged at some steps only (a held-out
     evaluation every N rollouts, a conditional statistic) is written in the rows of those steps alone. Lightning
     (2.6) keeps a step metric's last value in the trainer's result collection (``trainer._results``, not public)
-    until the epoch ends, and every later row of ``metrics.csv`` and W&B repeated it. Epoch aggregates and
+    until the epoch ends, and every later row of ``metrics.csv`` and W&B repeated it. They are forgotten after a
+    batch whose row was written (``trainer.log_every_n_steps``), so one logged between rows still reaches the next
+    row. Epoch aggregates and
     torchmetrics objects are left alone; ``trainer.callback_metrics`` / ``logged_metrics`` keep the last values."""
+    every = trainer.log_every_n_steps
+    if not every or trainer.fit_loop.epoch_loop._batches_that_stepped % every:
+        return  # the last batch's row was not written: what it logged goes into the next row that is
     results = getattr(trainer, "_results", None)
     for item in (results or {}).values():
         if item.is_tensor and item.meta.on_step and not item.meta.on_epoch:
