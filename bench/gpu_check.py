@@ -26,9 +26,10 @@ PACKAGES = ("torch", "transformers", "peft", "lightning", "torchmetrics", "trl",
 #: the parts of gpu_check.sh: (file stem, title)
 PARTS = (("e2e", "README main command, end to end"), ("compare", "one PPO iteration, lrlhf vs TRL"),
          ("sampling", "rollout sampling throughput (ours)"),
-         ("merged", "sampling on the merged bf16 copy (module/engine=merged)"))
+         ("merged", "sampling on the merged bf16 copy (module/engine=merged)"),
+         ("scale", "one PPO iteration at the Llama-3.1-8B shape, bf16"))
 #: parts run only with what is left of the budget: not run for want of time is not a failure
-OPTIONAL_PARTS = ("merged",)
+OPTIONAL_PARTS = ("merged", "scale")
 
 
 def _normalise(name: str) -> str:
@@ -173,6 +174,18 @@ def _sampling(logs: Path, stem: str = "sampling") -> str:
     return text
 
 
+def _scale(logs: Path) -> str:
+    s = _load(logs / "scale.json")
+    if not s:
+        return "no figures"
+    memory = f"peak {s['peak_gib']:.1f} GiB" if s.get("peak_gib") is not None else "no CUDA memory figure"
+    if not s.get("fits"):
+        return f"**does not fit**: out of memory in {s.get('failed_in')} ({memory})"
+    phases = ", ".join(f"{k} {v:.2f} s" for k, v in s["phases_s"].items())
+    return (f"fits: **{s['iteration_s']:.2f} s** per iteration ({phases}; {s['batch']} prompts x {s['new']} tokens); "
+            f"{memory}; built in {s['build_s']:.0f} s")
+
+
 def report(logs: Path, tmp: str, dry_run: bool, total_s: int) -> tuple[str, bool]:
     env = _load(logs / "env.json") or {}
     v = env.get("versions", {})
@@ -191,7 +204,7 @@ def report(logs: Path, tmp: str, dry_run: bool, total_s: int) -> tuple[str, bool
              "Versions: " + ", ".join(f"{k} {v.get(k, '?')}" for k in PACKAGES) + ".", "",
              "| part | command | result | wall | status |", "|---|---|---|---|---|"]
     figures = {"e2e": _e2e, "compare": _compare, "sampling": _sampling,
-               "merged": lambda logs: _sampling(logs, "merged")}
+               "merged": lambda logs: _sampling(logs, "merged"), "scale": _scale}
     ok = True
     notes = []
     for i, (part, title_) in enumerate(PARTS, 1):

@@ -17,6 +17,9 @@
 #        python bench/compare_trl.py --sampling --device cuda --shape qwen05 --precision bf16-mixed ...
 #   4. (with what is left of the budget; not run is not a failure) the same sampler on the policy merged into a
 #      copy in the run's dtype (module/engine=merged): ... --sampling --decoding eager --engine merged ...
+#   5. (likewise optional) one PPO iteration at the Llama-3.1-8B shape, random bf16 weights built on the GPU,
+#      LoRA policy and value adapters: fits or not, peak memory, time per phase:
+#        python bench/ppo_at_scale.py --device cuda --shape llama8b --batch 16 --new 64
 # It ends with a Markdown block for bench/RESULTS.md (date, GPU, driver, versions, every figure with the
 # command that produced it), also written to <out>/block.md with every part's log.
 #
@@ -125,7 +128,7 @@ run_part() {
   fi
   printf '{"rc": %d, "wall_s": %d, "timeout_s": %d}\n' "$rc" $((SECONDS - start)) "$limit" > "$LOGS/$name.status"
   echo "== $name: exit $rc after $((SECONDS - start)) s"
-  if ((rc != 0)) && ! { [[ $name == merged ]] && ((rc == 125)); }; then  # part 4 only when time is left
+  if ((rc != 0)) && ! { [[ $name == merged || $name == scale ]] && ((rc == 125)); }; then  # 4, 5: time left
     FAILED=1
     tail -5 "$LOGS/$name.log" | sed 's/^/   | /'
   fi
@@ -138,9 +141,11 @@ if ((DRY)); then
            'stage_overrides.rm=["trainer.max_steps=30"]' eval.n_samples=1
            callbacks.early_stopping.every_n_rollouts=1 callbacks.checkpoint.every_n_rollouts=1)
   SHAPE=(--device cpu --shape tiny --precision bf16-mixed --batch 4 --new 8 --iters 2 --warmup 1 --threads 1)
+  SCALE=(--device cpu --shape tiny --batch 4 --new 8 --iters 2 --threads 1)
 else
   TRAINER=(trainer=gpu)
   SHAPE=(--device cuda --shape qwen05 --precision bf16-mixed --batch 64 --new 128 --iters 3 --warmup 1)
+  SCALE=(--device cuda --shape llama8b --batch 16 --new 64 --iters 2)
 fi
 if ! "$PYTHON" -c "import matplotlib.backends.backend_agg" > /dev/null 2>&1; then
   TRAINER+=(callbacks.early_stopping.plot=false)
@@ -170,6 +175,11 @@ grep -E "^\| (eager|compiled)|x eager's speed per rollout" "$LOGS/sampling.log" 
 run_part merged "$(min "${MRG_TIMEOUT_S:-90}" $(($(left) - 5)))" \
   "$PYTHON" bench/compare_trl.py --sampling --decoding eager --engine merged "${SHAPE[@]}" --json "$LOGS/merged.json"
 grep -E "^\| eager" "$LOGS/merged.log" | sed 's/^/   /' || true
+
+# 5. one PPO iteration at the Llama-3.1-8B shape in bf16 (fits or not, peak memory, phases), with what is left
+run_part scale "$(min "${SCL_TIMEOUT_S:-150}" $(($(left) - 5)))" \
+  "$PYTHON" bench/ppo_at_scale.py "${SCALE[@]}" --json "$LOGS/scale.json"
+grep -E "one PPO iteration|does not fit" "$LOGS/scale.log" | sed 's/^/   /' || true
 
 # ---------------------------------------------------------------------------------------------- block
 REPORT=(report "$LOGS" "$T" --total-s "$SECONDS")

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from compare_trl import REFERENCE, build_model, make_prompts  # bench/ is the script's folder
+from shapes import REFERENCE, build_model, make_prompts  # bench/ is the script's folder
 
 
 def main() -> None:

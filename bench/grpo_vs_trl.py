@@ -33,8 +33,9 @@ import warnings
 from pathlib import Path
 
 import torch
-from compare_trl import SHAPES, build_model, make_prompts, report_header, summary, timed
+from compare_trl import report_header, summary, timed
 from rm_vs_trl import Baton, step_timers
+from shapes import SHAPES, build_model, make_prompts
 
 BETA = 0.04
 

@@ -46,6 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import compare_trl as bench
+import shapes
 
 
 def floor_passes(model, reward_model, value_head, optimizer, prompts_batch, args) -> dict[str, float]:
@@ -58,7 +59,7 @@ def floor_passes(model, reward_model, value_head, optimizer, prompts_batch, args
     t = time.perf_counter()
     with torch.no_grad():
         out = model.generate(input_ids=q, attention_mask=qm, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
-                             max_new_tokens=args.new, pad_token_id=bench.PAD, eos_token_id=[bench.EOS],
+                             max_new_tokens=args.new, pad_token_id=shapes.PAD, eos_token_id=[shapes.EOS],
                              output_scores=True, return_dict_in_generate=True)
         response = out.sequences[:, q.shape[1]:]
         old_logprobs = torch.stack(out.scores, 1).log_softmax(-1).gather(-1, response[..., None]).squeeze(-1)
@@ -145,8 +146,8 @@ def main() -> None:
     phases: dict[str, list[float]] = {"generate": [], "score": [], "update": []}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "model"
-        bench.build_model(model_dir, bench.REFERENCE, args.seed)
-        prompts = bench.make_prompts(256, bench.REFERENCE["vocab_size"], args.seed)
+        shapes.build_model(model_dir, shapes.REFERENCE, args.seed)
+        prompts = shapes.make_prompts(256, shapes.REFERENCE["vocab_size"], args.seed)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
 
         # the floor's own models: one base with two adapters, a value head, a separate reward model
@@ -154,7 +155,7 @@ def main() -> None:
         if not args.value_from_policy:
             roles["value"] = LoraSpec(r=8)
         model = add_adapters(AutoModelForCausalLM.from_pretrained(model_dir).eval(), roles)
-        value_head = ScalarHead(bench.REFERENCE["hidden_size"], zero_init=True)
+        value_head = ScalarHead(shapes.REFERENCE["hidden_size"], zero_init=True)
         reward_model = ScalarModel(AutoModelForCausalLM.from_pretrained(model_dir)).eval().requires_grad_(False)
         params = [p for n, p in model.named_parameters() if "lora_" in n] + list(value_head.parameters())
         optimizer = torch.optim.AdamW(params, lr=1e-5)
@@ -167,7 +168,7 @@ def main() -> None:
         class Alternate(Callback):
             def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
                 rows = torch.randperm(len(encoded), generator=g)[:args.batch].tolist()
-                batch_ = collate_prompts([encoded[i] for i in rows], bench.PAD)
+                batch_ = collate_prompts([encoded[i] for i in rows], shapes.PAD)
                 for name, secs in floor_passes(model, reward_model, value_head, optimizer, batch_, args).items():
                     floor.setdefault(name, []).append(secs)
                 self.start = time.perf_counter()

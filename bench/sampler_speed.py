@@ -18,7 +18,8 @@ import time
 from pathlib import Path
 
 import torch
-from compare_trl import SHAPES, build_model, make_prompts, ours_parts, peak_cuda_gib, report_header, setting, sync_fn
+from compare_trl import ours_parts, peak_cuda_gib, report_header, setting, sync_fn
+from shapes import SHAPES, build_model, make_prompts
 
 from lrlhf.functional import response_masks
 

@@ -1,5 +1,5 @@
 """Precise instruction constraints in the style of IFEval's taxonomy (Zhou et al., 2023), attached to real prompts
-and checked by a program: the verifiable reward of ``recipe=grpo_constraints`` (issue #32) and its held-out judge.
+and checked by a program: the verifiable reward of ``recipe=grpo_constraints`` and its held-out judge.
 
 A constraint is a small dict kept in the prompt record's ``meta["constraint"]`` (``{"kind": ..., <parameters>}``);
 :func:`instruction` is the sentence appended to the user's prompt, :func:`satisfied` checks a response against it.

@@ -1,4 +1,4 @@
-"""Final answers of math problems, checked by HF's math-verify, not by hand-written parsing (issue #32).
+"""Final answers of math problems, checked by HF's math-verify, not by hand-written parsing.
 
 math-verify is an optional dependency (``pip install 'math-verify[antlr4_9_3]'``: its ``antlr4_9_3`` extra matches the
 ANTLR runtime hydra-core pins). Its ``parse`` finds an answer in a text (``$72$``, ``\\boxed{72}``, ``72.0``,

@@ -189,7 +189,7 @@ class _ToolsTokenizer:
 
 def with_tools(tokenizer, meta: dict | None):
     """``tokenizer`` as a record with tool schemas (``meta["tools"]``) is encoded: the schemas rendered by the chat
-    template, in the text the model trains on; a template that cannot render them is an error (#36: they were
+    template, in the text the model trains on; a template that cannot render them is an error (they were
     kept aside and never seen)."""
     tools = tools_of(meta)
     if tools is None:

@@ -139,7 +139,7 @@ class FilesWorld:
     def key(self) -> str:
         content = {k: v for k, v in asdict(self).items() if k not in ("judge",)}
         content["files"] = [_file_identity(p) for p in (self.preferences, self.sft, self.prompts)]
-        content["splits"] = "groups"  # #36: a record's group keeps its tree in one split (worlds before: by prompt)
+        content["splits"] = "groups"  # a record's group keeps its tree in one split (worlds before: by prompt)
         return f"{self.name}-{_digest(content)}"
 
     def check(self) -> None:

@@ -1,4 +1,4 @@
-"""The reward–KL frontier's reference curves, and each policy's distance to them (``recipe=frontier``, #31).
+"""The reward–KL frontier's reference curves, and each policy's distance to them (``recipe=frontier``).
 
 Two Best-of-N curves from one pool of ``m`` samples per prompt of the reference policy, each the exact expectation
 over every ``N``-subset of the pool (:func:`~lrlhf.eval.best_of_n.bon_expected`), at KL ``log N - (N - 1) / N``:

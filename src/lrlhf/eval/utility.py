@@ -103,7 +103,7 @@ def compare_with_sft(model, sft_model, tokenizer, prompts: str | Sequence[Prompt
     diff = [b - a for a, b in zip(sft, trained, strict=True)]
     wins = per_prompt([1.0 if b > a else 0.5 if b == a else 0.0 for a, b in zip(u_sft, u_model, strict=True)])
     out = judge_accuracy(judge)  # what the judge itself can see, printed next to its verdict
-    if label == "gold":  # the toy world's exact solutions: a verifiable reward's solve rate (#32)
+    if label == "gold":  # the toy world's exact solutions: a verifiable reward's solve rate
         solved_sft = per_prompt([float(u >= 1.0) for u in u_sft])
         solved = per_prompt([float(u >= 1.0) for u in u_model])
         gain = [b - a for a, b in zip(solved_sft, solved, strict=True)]

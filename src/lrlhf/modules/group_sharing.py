@@ -1,4 +1,4 @@
-"""Prefix sharing in the group estimators' forwards (RLOO, GRPO: ``k`` samples per prompt; issue #18).
+"""Prefix sharing in the group estimators' forwards (RLOO, GRPO: ``k`` samples per prompt).
 
 A rollout of a group estimator repeats each left-padded prompt in ``k`` adjacent rows, and every forward of the
 rollout (the reference's and, where the sampler gave none, the old policy's in the no-grad scoring, the policy's

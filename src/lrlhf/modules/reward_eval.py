@@ -43,7 +43,7 @@ def evaluate_held_out(module, data, out_dir: Path, trained) -> dict:
 def pairwise_baselines(pair_views) -> dict:
     """The RM's accuracy on the labelled (non-tie) pairs of ``pair_views`` (:class:`PairView` s) with its 95%
     bootstrap interval over pairs, beside what length alone scores on the same pairs: ``longer wins`` and ``shorter
-    wins`` (equal lengths count half). An RM that only learned length is no better than one of them (issue #15)."""
+    wins`` (equal lengths count half). An RM that only learned length is no better than one of them."""
     correct, longer, shorter = [], [], []
     for pairs in pair_views:
         labelled = pairs.target != 0.5

@@ -1,5 +1,5 @@
 """The reward scale PPO sees, measured where PPO samples: on the reference policy's own responses to the run's
-prompts (issue #15: a calibration fitted on preference completions gave 3.77 on SmolLM2's first rollout, where the
+prompts (a calibration fitted on preference completions gave 3.77 on SmolLM2's first rollout, where the
 raw score was -0.62, so the KL penalty and the clipping saw a scale that fitted nothing).
 
 ``module.calibration`` of the PPO recipes is either a saved :class:`~lrlhf.models.reward.RewardCalibration`

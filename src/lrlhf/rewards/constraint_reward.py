@@ -1,5 +1,5 @@
-"""``reward=constraints``: the prompt record's precise instruction constraint as a rule (IFEval style, RLVR; issue
-#32). :class:`InstructionConstraint` reads ``meta["constraint"]`` (``world=constraints`` writes one per prompt,
+"""``reward=constraints``: the prompt record's precise instruction constraint as a rule (IFEval style, RLVR).
+:class:`InstructionConstraint` reads ``meta["constraint"]`` (``world=constraints`` writes one per prompt,
 :mod:`lrlhf.data.constraints`) and gives 1.0 when the response meets it, else 0.0 (with ``partial=True``, the
 partial credit of :func:`lrlhf.data.constraints.credit`, below 0.5); a prompt record without one raises, naming the
 rule and the sample."""

@@ -1,4 +1,4 @@
-"""A judge as the reward (direct RLAIF, issue #32): a local causal LM asked for a score of each response.
+"""A judge as the reward (direct RLAIF): a local causal LM asked for a score of each response.
 
 :class:`JudgeReward` renders ``template`` with the prompt and the response (``{prompt}``, ``{response}``) as one user
 turn of the judge's chat template, lets the judge answer greedily (``max_new_tokens``), and reads the first number

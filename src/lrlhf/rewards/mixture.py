@@ -1,4 +1,4 @@
-"""A reward mixed from several sources (``reward=mixture``, issue #32): a reward model and rules, or several models,
+"""A reward mixed from several sources (``reward=mixture``): a reward model and rules, or several models,
 each normalised by its own scale before the weights apply.
 
 Without normalisation the weights mean nothing: a ``[0, 1]`` rule beside a reward model whose scores spread over

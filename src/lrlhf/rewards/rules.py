@@ -1,4 +1,4 @@
-"""Rule rewards (``reward=rules``, issue #32): small programs, each with a name, that check a response's text.
+"""Rule rewards (``reward=rules``): small programs, each with a name, that check a response's text.
 
 A rule's :meth:`Rule.check` gives 1.0 (holds) or 0.0 (violated) for one ``(prompt, response)`` pair; a rule that
 reads the prompt record's fields (a reference answer) writes :meth:`Rule.check_record` instead, given the record's

@@ -269,7 +269,7 @@ def _length(trainer, stage: str) -> str:
 
 
 def plan_line(cfg: DictConfig, todo: list, choices) -> str:
-    """Before any work, what will train and how long each stage is, and the keys that change it (#36)."""
+    """Before any work, what will train and how long each stage is, and the keys that change it."""
     parts = [f"{recipe} {_length(dep.trainer, dep.stage)}" for recipe, dep, _ in todo]
     if kind_of(cfg).trains:
         parts.append(f"{'then ' if parts else ''}{choices.recipe} {_length(cfg.trainer, cfg.stage)}")
@@ -303,7 +303,7 @@ def _task(cfg: DictConfig) -> dict:
 
 def _sized_for_the_machine(args: list[str]) -> list[str]:
     """``model=hf`` without a GPU and without an ``hparams=`` of the user's: the CPU-sized stages (``hparams=cpu``),
-    said in one line (#36: the GPU sizes began a 1000-step SFT at 64 s a step, without a word)."""
+    said in one line (the GPU sizes began a 1000-step SFT at 64 s a step, without a word)."""
     if "model=hf" not in args or "--help" in args or any(a.lstrip("+~").startswith("hparams=") for a in args):
         return args
     import torch

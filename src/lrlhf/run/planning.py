@@ -231,7 +231,7 @@ def _stage_done(out_dir: Path) -> bool:
 
 
 def stage_entry(cfg: DictConfig, recipe: str, overrides: list[str], compose: Callable) -> Path | None:
-    """The stage-cache entry a run of ``recipe`` (planned) fills (#36: ``recipe=rm`` then ``recipe=ppo_lora``
+    """The stage-cache entry a run of ``recipe`` (planned) fills (``recipe=rm`` then ``recipe=ppo_lora``
     trained the RM twice): the entry a later recipe needing ``recipe`` would build, when this run's config is
     exactly what that recipe composes from the shared overrides and the entry is free; None when the run has an
     override of its own (it is another stage) or the entry holds a stage already."""

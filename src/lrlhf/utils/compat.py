@@ -14,7 +14,7 @@ this module for the spelling instead of naming one version's:
   up to transformers 5.2x (5.0 and 5.17 do; 5.25 gives each its own). Under bf16 autocast a Llama or Qwen2 attention
   makes fp32 keys (its rotary embedding promotes them) and bf16 values, so the first value copy failed:
   ``index_copy_(): self and source expected to have the same dtype`` (the compiled sampler on CUDA under
-  bf16-mixed, issue #46; on a CPU under ``torch.autocast`` too). :func:`static_cache` allocates each in its own.
+  bf16-mixed; on a CPU under ``torch.autocast`` too). :func:`static_cache` allocates each in its own.
 """
 
 from __future__ import annotations

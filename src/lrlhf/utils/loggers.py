@@ -1,7 +1,7 @@
 """Lightning's ``WandbLogger`` as ``logger=wandb`` builds it (``configs/logger/wandb.yaml``).
 
 Lightning always passes ``anonymous=None`` to ``wandb.init``, and recent wandb (0.31 here) warns for any value of
-that setting: ``wandb: WARNING The anonymous setting has no effect and will be removed``, on every run (#36). The
+that setting: ``wandb: WARNING The anonymous setting has no effect and will be removed``, on every run. The
 argument is left out unless a user asks for anonymous logging (which older wandb, down to the floor, still reads).
 """
 
