@@ -89,3 +89,27 @@ def test_a_run_on_a_full_disk_stops_in_one_line_and_resumes_once_there_is_room(t
     out = _train(tmp_path, *args, "ckpt_path=last")
     assert "== lrlhf ppo: done ==" in out.stdout and (run / "summary.json").is_file()
     assert os.path.realpath(run / "checkpoints" / "last.ckpt").endswith("rollout=000008.ckpt")  # 16 steps, 2 each
+
+
+def test_any_write_the_storage_refuses_ends_the_run_in_one_line(tmp_path, monkeypatch, capsys):
+    """An export (save_pretrained) or any other write outside the atomic helpers: its errno is enough."""
+    from omegaconf import OmegaConf
+
+    from lrlhf.run import cli
+
+    cfg = OmegaConf.create({"paths": {"run_dir": str(tmp_path)}})
+    target = tmp_path / "export" / "merged" / "model.safetensors"
+
+    def export_fails(cfg):
+        raise OSError(errno.ENOSPC, "No space left on device", str(target))
+
+    monkeypatch.setattr(cli, "run", export_fails)
+    with pytest.raises(SystemExit) as stop:
+        cli._task(cfg)
+    assert stop.value.code == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"lrlhf: error: cannot write {target}: no space left on the device (")
+    assert "Traceback" not in err
+    monkeypatch.setattr(cli, "run", lambda cfg: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error", str(target))))
+    with pytest.raises(OSError, match="I/O error"):  # not the storage's refusal: its traceback, a bug to report
+        cli._task(cfg)

@@ -41,7 +41,7 @@ from lrlhf.run.training import at_folder, stage_label
 from lrlhf.utils.console import print_summary
 from lrlhf.utils.distributed import close_process_group
 from lrlhf.utils.errors import InvariantError
-from lrlhf.utils.io import StorageError, atomic_write_text
+from lrlhf.utils.io import STORAGE_ERRNOS, StorageError, atomic_write_text, storage_error
 
 #: The shipped configuration: ``configs/`` (Hydra's primary config folder), ``recipes/`` and ``callbacks/``, package
 #: data of the wheel (the checkout's top-level ``configs``, ``recipes`` and ``callbacks`` link here).
@@ -291,9 +291,17 @@ USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, FloatingPointE
 
 def _task(cfg: DictConfig) -> dict:
     """:func:`run` as Hydra's task: an error of :data:`USER_ERRORS` ends the run with its message alone on stderr
-    (``lrlhf: error: ...``, exit status 1); any other exception keeps its traceback (a bug to report)."""
+    (``lrlhf: error: ...``, exit status 1), and so does any write the storage refused with a storage errno (a full
+    disk under an export, a read-only run folder; :func:`lrlhf.utils.io.storage_error`); any other exception keeps
+    its traceback (a bug to report)."""
     try:
-        return run(cfg)
+        try:
+            return run(cfg)
+        except OSError as err:  # any other write the storage refused (an export, a labelled file): one line too
+            refused = None if isinstance(err, USER_ERRORS) else storage_error(err, err.filename or cfg.paths.run_dir)
+            if refused is None or getattr(err, "errno", None) not in STORAGE_ERRNOS:
+                raise
+            raise refused from err
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("LRLHF_DEBUG") == "1":
             raise
