@@ -36,3 +36,15 @@ def test_a_reward_model_scores_a_text_as_rm_training_rendered_it_on_a_real_chat_
     expected = _training_scores(model, tokenizer, PROMPTS, RESPONSES)
     got = reward_model_scorer(model, tokenizer, batch_size=1)(PROMPTS, RESPONSES)
     assert got == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_gguf_tokenizer_ends_turns_where_its_file_says(smollm2_config):
+    """transformers 5.0 (the floor) read SmolLM2's EOS from the GGUF as <|im_start|>: responses would not stop at
+    the turn's end, nor a reward model read its score there; the file's own ids are applied (model_source)."""
+    from transformers import AutoConfig
+
+    from lrlhf.utils.model_source import dequantised_folder
+
+    tokenizer = load_tokenizer(smollm2_config)
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == 2 and tokenizer.bos_token_id == 1
+    assert AutoConfig.from_pretrained(dequantised_folder(smollm2_config)).eos_token_id == 2

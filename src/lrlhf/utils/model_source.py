@@ -162,8 +162,28 @@ def _dequantise(folder: str, gguf_file: str, out: Path) -> None:
         del config.quantization_config
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quantised.state_dict(), strict=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    _special_tokens_from_gguf(Path(folder) / gguf_file, tokenizer, plain)
     plain.save_pretrained(out)
-    AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def _special_tokens_from_gguf(path: Path, tokenizer, model) -> None:
+    """The GGUF file's own BOS / EOS / padding ids (``tokenizer.ggml.*_token_id``) on the tokenizer, the model's
+    config and its generation config. transformers 5.0 read SmolLM2's EOS as ``<|im_start|>`` (its file says id 2,
+    ``<|im_end|>``): the chat turns' end, where a response stops and a reward model reads its score, was wrong."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    for role in ("bos", "eos", "pad"):
+        field = fields.get(f"tokenizer.ggml.{'padding' if role == 'pad' else role}_token_id")
+        if field is None:
+            continue
+        token_id = int(field.parts[field.data[0]][0])
+        setattr(tokenizer, f"{role}_token", tokenizer.convert_ids_to_tokens(token_id))
+        for config in (model.config, getattr(model, "generation_config", None)):
+            if config is not None:
+                setattr(config, f"{role}_token_id", token_id)
 
 
 def dequantised_folder(cfg) -> Path:
@@ -182,7 +202,7 @@ def dequantised_folder(cfg) -> Path:
     _check_folder(own.local, cfg, "model")
     gguf = (own.local / cfg.gguf_file).resolve()
     stat = gguf.stat()
-    identity = f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"
+    identity = f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|special tokens from the file"
     target = cache_root() / "models" / f"{gguf.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
     recover_folder(target)
     if not (target / "config.json").is_file():
