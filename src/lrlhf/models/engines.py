@@ -125,6 +125,19 @@ class LocalEngine:
             _CACHES.pop(self.model, None)
 
 
+def _refuse_tied(copy, layers: dict) -> None:
+    """Refuse an adapted layer whose weight the copy ties to another module (tied embeddings): a merged delta would
+    reach both, while the policy adapts only one."""
+    shared: dict[int, list[str]] = {}
+    for name, parameter in copy.named_parameters(remove_duplicate=False):
+        shared.setdefault(parameter.data_ptr(), []).append(name)
+    for name in layers:
+        tied = shared.get(copy.get_submodule(name).weight.data_ptr(), [])
+        if len(tied) > 1:
+            raise ValueError(f"module.engine=merged: the adapted layer {name} shares its weight with {tied} (tied "
+                             "embeddings): merging would adapt both; use the local engine")
+
+
 class MergedEngine(LocalEngine):
     """Samples from a copy of the policy: the LoRA ``adapter`` merged into the base, cast to ``dtype`` (module
     docstring). ``dtype``: ``auto`` (autocast's dtype when :meth:`sync` runs under autocast, as in a ``bf16-mixed``
@@ -176,7 +189,7 @@ class MergedEngine(LocalEngine):
         self.pending = model  # merged at the next use, under the autocast state the rollout runs in
 
     def _model(self):
-        if getattr(self, "pending", None) is not None:
+        if self.pending is not None:
             self._merge(self.pending)
             self.pending = None
         return super()._model()
@@ -204,17 +217,11 @@ class MergedEngine(LocalEngine):
         dtype = self._dtype(weights)
         if self.copy is None or self.source is not model or self.copy.dtype != dtype:
             self.copy = None  # the old copy goes before the new one is made
-            self.copy = copy.deepcopy(model).unload().to(dtype).eval().requires_grad_(False)
-            self.source = model
-        shared = {}  # weights the copy ties to another module (tied embeddings): a merged delta would reach both
-        for name, parameter in self.copy.named_parameters(remove_duplicate=False):
-            shared.setdefault(parameter.data_ptr(), []).append(name)
+            copied = copy.deepcopy(model).unload().to(dtype).eval().requires_grad_(False)
+            _refuse_tied(copied, layers)
+            self.copy, self.source = copied, model
         for name, layer in layers.items():
             target = self.copy.get_submodule(name)
-            if len(shared.get(target.weight.data_ptr(), ())) > 1:
-                raise ValueError(f"module.engine=merged: the adapted layer {name} shares its weight with "
-                                 f"{shared[target.weight.data_ptr()]} (tied embeddings): merging would adapt both; "
-                                 "use the local engine")
             merged = layer.base_layer.weight.float() + layer.get_delta_weight(self.adapter).float()
             target.weight.copy_(merged.to(target.weight.dtype))
         self.model = self.copy

@@ -24,6 +24,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from lrlhf.models.engines import HALF_DTYPES
 from lrlhf.models.lora import is_quantised
 from lrlhf.utils.compat import unwrap_model
 from lrlhf.utils.distributed import any_across_ranks
@@ -34,7 +35,6 @@ from lrlhf.utils.errors import InvariantError
 #: values move that token's ratio by as much, so the bound is on the mean over actions, where such flips are a
 #: fraction of the tokens, and 0.1 leaves them room while the defects it exists for measure 0.3 and more.
 RATIO_TOLERANCE = {False: 1e-3, True: 0.1}
-HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,7 @@ def text_scorer(reward, tokenizer, max_length: int = 1024, batch_size: int = 64)
     def score(prompts: Sequence[PromptExample], responses: Sequence[str]) -> list[float]:
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts and {len(responses)} responses; need one each")
+        device = _device(reward)
         scores: list[float] = []
         for start in range(0, len(prompts), batch_size):
             records = [as_prompt(p) for p in prompts[start:start + batch_size]]
@@ -46,7 +47,6 @@ def text_scorer(reward, tokenizer, max_length: int = 1024, batch_size: int = 64)
                        for p in records]
             queries = collate_prompts(encoded, pad_id)  # (b, P), left-padded
             response_ids = collate_responses(tokenizer, responses[start:start + batch_size], eos_id, pad_id)
-            device = _device(reward)
             response_ids = response_ids.to(device)
             masks = response_masks(response_ids, eos_id, pad_id)
             out = reward.score(queries["input_ids"].to(device), queries["attention_mask"].to(device), response_ids,

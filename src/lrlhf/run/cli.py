@@ -298,10 +298,9 @@ def _task(cfg: DictConfig) -> dict:
         try:
             return run(cfg)
         except OSError as err:  # any other write the storage refused (an export, a labelled file): one line too
-            refused = None if isinstance(err, USER_ERRORS) else storage_error(err, err.filename or cfg.paths.run_dir)
-            if refused is None or getattr(err, "errno", None) not in STORAGE_ERRNOS:
+            if isinstance(err, USER_ERRORS) or err.errno not in STORAGE_ERRNOS:
                 raise
-            raise refused from err
+            raise storage_error(err, err.filename or cfg.paths.run_dir) from err
     except USER_ERRORS as err:
         if os.environ.get("HYDRA_FULL_ERROR") == "1" or os.environ.get("LRLHF_DEBUG") == "1":
             raise
