@@ -63,13 +63,13 @@ def test_on_policy_pairs_meet_the_budget_with_distinct_responses(world, monkeypa
         return [("same" if i // 4 % 2 == 0 else f"text {i % 3}") for i in range(len(prompts))]
 
     monkeypatch.setattr("lrlhf.models.generation.generate_responses", fake_generate)
-    rounds = Rounds(samples_per_prompt=4, pairs_per_prompt=2, labels_per_round=5)
-    pairs, used = on_policy_pairs(None, None, fresh, rounds, SamplingConfig(seed=1), round_index=2)
+    sizes = {"samples_per_prompt": 4, "pairs_per_prompt": 2, "budget": 5, "seed": "s"}
+    pairs, used = on_policy_pairs(None, None, fresh, SamplingConfig(seed=1), **sizes)
     assert len(pairs) == 5 and all(p.a != p.b for p in pairs)
     # blocks of ceil(5 / 2) = 3 prompts; the even prompts give no pair, so the third block is needed (to prompt 7)
     assert used == 8 and calls == [12, 12, 12]
     assert [p.prompt.prompt for p in pairs] == [fresh[i].prompt for i in (1, 1, 4, 4, 7)]
-    few, used = on_policy_pairs(None, None, fresh[:2], rounds, SamplingConfig(seed=1), round_index=2)
+    few, used = on_policy_pairs(None, None, fresh[:2], SamplingConfig(seed=1), **sizes)
     assert len(few) == 2 and used == 2  # the prompts ran out: fewer than the budget
 
 

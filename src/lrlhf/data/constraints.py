@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lrlhf.data.worlds import PromptWorld
+from lrlhf.data.worlds import PromptWorld, instruction_sources
 
 KEYWORDS = ("simple", "example", "important", "because", "people", "today", "good", "time")
 PHRASES = ("Hope this helps.", "That is all.", "Any other questions?")
@@ -168,6 +168,9 @@ def constraint_judge(prompt_record, response: str) -> float:
     return float(satisfied(constraint_of(meta, "judge lrlhf.data.constraints:constraint_judge"), response))
 
 
+constraint_judge.exact = True  # a verifier: no held-out accuracy to report (lrlhf.eval.judges.judge_accuracy)
+
+
 __all__ = ["KINDS", "attach", "constraint_judge", "constraint_of", "credit", "draw", "instruction", "satisfied"]
 
 
@@ -214,20 +217,7 @@ class ConstraintsWorld(PromptWorld):
         return f"the {self.name} world: prompts of {self.alpaca} and {self.self_instruct} with IFEval-style constraints"
 
     def _sources(self) -> list[tuple[str, str]]:
-        """``(instruction, answer)`` of every usable prompt, in file order, duplicates dropped."""
-        out, seen = [], set()
-        if self.alpaca is not None:
-            for row in json.loads(Path(self.alpaca).expanduser().read_text(encoding="utf-8")):
-                if not row.get("input", "").strip():
-                    out.append((row["instruction"], row.get("output", "")))
-        if self.self_instruct is not None:
-            for line in Path(self.self_instruct).expanduser().read_text(encoding="utf-8").splitlines():
-                if line.strip():
-                    row = json.loads(line)
-                    first = (row.get("instances") or [{}])[0]
-                    if not first.get("input", "").strip():
-                        out.append((row["instruction"], first.get("output", "")))
-        return [(p, a) for p, a in out if p.strip() and not (p in seen or seen.add(p))]
+        return instruction_sources(self.alpaca, self.self_instruct)
 
     def build(self, out: Path) -> None:
         from lrlhf.data.records import PromptExample, SFTExample

@@ -211,6 +211,14 @@ class ChatDataModule(pl.LightningDataModule):
         parts = split_by_prompt(records, {name: share / total for name, share in shares.items()}, seed=self.seed)
         return parts[split], summary
 
+    def split_records(self, split: str) -> list:
+        """The records of ``split`` that :meth:`setup` encodes (before encoding's drops; an evaluation split cut to
+        ``max_eval_records``); [] when the split has no source."""
+        if self.sources[split] is None:
+            return []
+        records, _ = self._records(split)
+        return records if split == "train" or self.max_eval_records is None else records[:self.max_eval_records]
+
     def setup(self, stage: str | None = None) -> None:
         for split in SPLITS:
             if self.sources[split] is None or split in self.datasets:

@@ -97,6 +97,7 @@ def math_answer_judge(key: str = "answer"):
         return float(answer_matches(response, record_reference(getattr(record, "meta", None), key, where)))
 
     judge.__name__ = "math_answer"
+    judge.exact = True  # a verifier: no held-out accuracy to report (lrlhf.eval.judges.judge_accuracy)
     return judge
 
 

@@ -1,4 +1,6 @@
-"""Worlds: where a run's data comes from (``world=toy|hh_rlhf|files|gsm8k``), each an object chosen by ``_target_``.
+"""Worlds: where a run's data comes from (``world=toy|hh_rlhf|files|gsm8k|constraints|sentiment``), each an object
+chosen by ``_target_`` (``constraints``: :mod:`lrlhf.data.constraints`; ``sentiment``: :mod:`lrlhf.data.sentiment`,
+whose preference pairs a ``pairs`` stage draws from the SFT policy).
 
 A world is built once into ``<paths.cache_dir>/worlds/<key>/`` with one file layout that every recipe reads
 (``${world.dir}/<file>``), so a recipe runs unchanged on any world:
@@ -283,6 +285,26 @@ class PromptWorld:
         report = {"world": self.name, "config": asdict(self), **report,
                   "files": {name: len(rows) for name, rows in files.items()}}
         (out / "world.json").write_text(json.dumps(report, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def instruction_sources(alpaca: str | None, self_instruct: str | None) -> list[tuple[str, str]]:
+    """``(instruction, answer)`` of every instruction without an input, in file order, duplicates dropped:
+    ``alpaca`` (LLaMA-Factory's alpaca sample, a JSON list ``{instruction, input, output}``) and ``self_instruct``
+    (the self-instruct seed tasks, JSON lines ``{instruction, instances: [{input, output}]}``: its first instance);
+    either may be None."""
+    out, seen = [], set()
+    if alpaca is not None:
+        for row in json.loads(Path(alpaca).expanduser().read_text(encoding="utf-8")):
+            if not row.get("input", "").strip():
+                out.append((row["instruction"], row.get("output", "")))
+    if self_instruct is not None:
+        for line in Path(self_instruct).expanduser().read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                row = json.loads(line)
+                first = (row.get("instances") or [{}])[0]
+                if not first.get("input", "").strip():
+                    out.append((row["instruction"], first.get("output", "")))
+    return [(p, a) for p, a in out if p.strip() and not (p in seen or seen.add(p))]
 
 
 @dataclass

@@ -6,8 +6,8 @@ and two responses ``a`` and ``b``), ``1.0`` when ``a`` is preferred, ``0.0`` whe
 config chooses one by ``_target_`` (``rounds.annotator``):
 
 - :class:`SimulatedAnnotators`: the toy world's label model (:mod:`lrlhf.data.toy.annotators`: logistic noise, a tie
-  band, a length bias) on the gold utility of the prompt's task: the same annotators that labelled the world's
-  preference files.
+  band, a length bias) on a gold score: the toy world's gold utility of the prompt's task (the same annotators that
+  labelled its preference files), or any judge (``gold``: the sentiment world's, ``world.judge``).
 - :class:`JudgeAnnotator`: a pointwise judge of :func:`~lrlhf.eval.judges.resolve_judge` (``toy_gold``,
   ``rm:<folder>``, ``<module>:<callable>``) prefers the higher score, a tie within ``tie_margin``.
 - :class:`PairwiseAnnotator`: any ``judge(prompt_record, a, b)`` returning 1 / 0 / 0.5 (or ``"a"`` / ``"b"`` /
@@ -54,26 +54,41 @@ def as_label(value: Any, where: str) -> float:
 
 
 class SimulatedAnnotators:
-    """The toy world's simulated annotators (its defaults are the world's: noise ``temperature`` 0.18, length bias
-    0.3 per 10 words, tie band 0.05) on the gold utility of ``prompt.meta["task"]``; seeded per round."""
+    """Simulated annotators (:mod:`lrlhf.data.toy.annotators`: logistic noise ``temperature``, a length bias per
+    ``length_scale`` words, a tie band; the toy world's defaults 0.18, 0.3 per 10 words, 0.05) on a gold score:
+    ``gold`` (a judge of :func:`~lrlhf.eval.judges.resolve_judge`, e.g. ``lrlhf.data.sentiment:sentiment_gold``), or
+    without it the toy world's gold utility of ``prompt.meta["task"]``; seeded per round."""
 
     built_when_planning = True  # cheap: planning builds it to check the config before any work
 
-    def __init__(self, seed: int = 0, **config: float):
+    def __init__(self, seed: int = 0, gold: str | Callable | None = None, **config: float):
+        from lrlhf.eval.judges import resolve_judge
+
         self.seed = seed
+        self.gold = None if gold is None else resolve_judge(gold, key="rounds.annotator.gold")
         self.config = AnnotatorConfig(**config)
+
+    def golds(self, pairs: Sequence[Pair]) -> tuple[list[float], list[float]]:
+        """The gold score of each pair's ``a`` and ``b``."""
+        if self.gold is not None:
+            from lrlhf.eval.judges import score_responses
+
+            prompts = [p.prompt for p in pairs]
+            return (score_responses(self.gold, prompts, [p.a for p in pairs]),
+                    score_responses(self.gold, prompts, [p.b for p in pairs]))
+        for i, pair in enumerate(pairs):
+            if pair.prompt.meta.get("task") is None:
+                raise ValueError(f"rounds.annotator: SimulatedAnnotators without a gold label by the toy world's gold "
+                                 f"utility, but prompt {i} has no task (a world without gold): give "
+                                 "rounds.annotator.gold or choose another annotator")
+        return ([gold_utility(p.prompt.meta["task"], p.a) for p in pairs],
+                [gold_utility(p.prompt.meta["task"], p.b) for p in pairs])
 
     def label(self, pairs: Sequence[Pair], round_index: int) -> list[float]:
         rng = random.Random(f"lrlhf-annotators:{self.seed}:{round_index}")
-        labels = []
-        for i, pair in enumerate(pairs):
-            task = pair.prompt.meta.get("task")
-            if task is None:
-                raise ValueError(f"rounds.annotator: SimulatedAnnotators label by the toy world's gold utility, but "
-                                 f"prompt {i} has no task (a world without gold): choose another annotator")
-            labels.append(sample_label(rng, gold_utility(task, pair.a), gold_utility(task, pair.b),
-                                       len(response_tokens(pair.a)), len(response_tokens(pair.b)), self.config))
-        return labels
+        golds_a, golds_b = self.golds(pairs)
+        return [sample_label(rng, ga, gb, len(response_tokens(p.a)), len(response_tokens(p.b)), self.config)
+                for p, ga, gb in zip(pairs, golds_a, golds_b, strict=True)]
 
 
 class JudgeAnnotator:

@@ -35,6 +35,9 @@ def toy_gold_judge(prompt: PromptExample, response: str) -> float:
     return gold_utility(prompt.meta["task"], response)
 
 
+toy_gold_judge.exact = True  # the world's gold: no held-out accuracy to report (lrlhf.eval.judges.judge_accuracy)
+
+
 class BestOfN(NamedTuple):
     """Best-of-``n`` picks for ``P`` prompts, in prompt order.
 

@@ -317,8 +317,10 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
         prompts = prompts[:ev.max_prompts]
     groups = [_group_label(p, ev.subgroup_key) for p in prompts]
     judge = resolve_judge(ev.judge)
-    judge_is_gold = judge is toy_gold_judge
-    has_gold = all("task" in p.meta for p in prompts)
+    # the gold: the toy world's utility of each prompt's task, or a judge marked exact (a world's programmatic gold)
+    gold = toy_gold_judge if all("task" in p.meta for p in prompts) else judge if getattr(judge, "exact", False) \
+        else None
+    judge_is_gold, has_gold = judge is gold, gold is not None
     tokenizer = load_tokenizer(ModelConfig(str(ev.reference)))
     reference = load_causal_lm(ModelConfig(str(ev.reference)))
     reward_model, calibration, reward = None, None, ev.reward
@@ -333,8 +335,8 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
 
     def finish(samples: Samples) -> Samples:  # gold and judge utilities, computed once per sample
         if has_gold and not samples.gold:
-            samples.gold = [[toy_gold_judge(p, t) for t in texts] for p, texts in zip(prompts, samples.texts,
-                                                                                    strict=True)]
+            samples.gold = [score_responses(gold, [p] * len(texts), texts) for p, texts in zip(prompts, samples.texts,
+                                                                                             strict=True)]
         if not samples.judge and not is_pairwise(judge):
             samples.judge = samples.gold if judge_is_gold else [
                 score_responses(judge, [p] * len(texts), texts) for p, texts in zip(prompts, samples.texts, strict=True)

@@ -81,10 +81,9 @@ def judge_accuracy(judge) -> dict:
     held-out pairs), ``judge/accuracy_interval``, ``judge/pairs``, ``judge/longer_wins`` (what "the longer answer
     wins" scores on the same pairs) and ``judge/source``. A judge of the user's may carry them itself as a
     ``heldout`` dict (``accuracy``, ``accuracy_interval``, ``pairs``, ``longer_wins``). ``{"judge/accuracy": None}``
-    when nothing is known; ``{}`` for the toy world's gold, which is exact."""
-    from lrlhf.eval.best_of_n import toy_gold_judge
-
-    if judge is toy_gold_judge:
+    when nothing is known; ``{}`` for a judge marked ``exact = True``: a world's gold or a verifier (the toy world's
+    gold utility, world=sentiment's gold, the constraint and math checks), the definition of what it measures."""
+    if getattr(judge, "exact", False):
         return {}
     own = getattr(judge, "heldout", None)
     if isinstance(own, dict) and "accuracy" in own:

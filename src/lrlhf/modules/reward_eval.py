@@ -37,7 +37,49 @@ def evaluate_held_out(module, data, out_dir: Path, trained) -> dict:
     calibration = calibration_of(module, rewards, "held-out preference completions")
     return {"test/accuracy": metrics["val/accuracy"], "test/auroc": metrics["val/auroc"],
             "test/ece": metrics["val/ece"], "calibration": {"mean": calibration.mean, "std": calibration.std},
-            **pairwise_baselines([pairs for _, pairs in scored])}
+            **pairwise_baselines([pairs for _, pairs in scored]), **gold_accuracy(module, data)}
+
+
+def gold_accuracy(module, data) -> dict:
+    """Where the test pairs carry the gold score of both answers (``gold_chosen`` / ``gold_rejected`` in a record's
+    meta: a ``pairs`` stage's, :mod:`lrlhf.run.pairs`), the RM's pairwise accuracy against the gold order on the
+    pairs whose golds differ (``test/gold_accuracy``, a 95% bootstrap interval, their count) beside the labels' own
+    agreement with gold on the same pairs (``test/labels_gold_agreement``, ties half): what the annotators let a
+    reward model learn. Each answer is scored as PPO scores a sample (:func:`lrlhf.rewards.text.text_scorer`)."""
+    from lrlhf.data.records import PreferencePair
+    from lrlhf.rewards.text import reward_model_scorer
+
+    records = [r for r in data.split_records("test") if isinstance(r, PreferencePair)
+               and {"gold_chosen", "gold_rejected"} <= set(r.meta) and r.meta["gold_chosen"] != r.meta["gold_rejected"]]
+    if not records:
+        return {}
+    scorer = reward_model_scorer(module.model, module.tokenizer)
+    prompts = [r.prompt for r in records] * 2
+    texts = [_text(r.chosen) for r in records] + [_text(r.rejected) for r in records]
+    was_training = module.model.training
+    module.model.eval()
+    try:
+        scores = scorer([_prompt_record(p) for p in prompts], texts)
+    finally:
+        module.model.train(was_training)
+    n = len(records)
+    correct, agree = [], []
+    for r, s_chosen, s_rejected in zip(records, scores[:n], scores[n:], strict=True):
+        chosen_better = r.meta["gold_chosen"] > r.meta["gold_rejected"]
+        correct.append(float((s_chosen > s_rejected) == chosen_better) if s_chosen != s_rejected else 0.5)
+        agree.append(0.5 if r.target == 0.5 else float(chosen_better == (r.target > 0.5)))
+    return {"test/gold_accuracy": sum(correct) / n, "test/gold_accuracy_interval": bootstrap_interval(correct),
+            "test/gold_pairs": n, "test/labels_gold_agreement": sum(agree) / n}
+
+
+def _text(turns) -> str:
+    return "".join(t["content"] for t in turns if t.get("role") == "assistant")
+
+
+def _prompt_record(prompt):
+    from lrlhf.data.records import PromptExample
+
+    return PromptExample(prompt)
 
 
 def pairwise_baselines(pair_views) -> dict:

@@ -75,6 +75,16 @@ def _stage_file(stage: str | None, name: str) -> str | None:
     return None if stage is None else f"{stage}/{name}"
 
 
+def _pairs_file(name: str, _root_) -> str | None:
+    """``${lrlhf.pairs_file:pref_train}``: the preference file a stage reads: in the ``pairs`` stage's folder when
+    the recipe needs one (``deps.pairs``), else the world's own; None on a world whose pairs come from a ``pairs``
+    stage this recipe does not need (world=sentiment's SFT and PPO stages: no pairs for the sample table)."""
+    stage = OmegaConf.select(_root_, "deps.pairs")
+    if stage is not None:
+        return f"{stage}/{name}.jsonl"
+    return None if OmegaConf.select(_root_, "world.pairs_recipe") is not None else f"{_root_.world.dir}/{name}.jsonl"
+
+
 def _rm_judge(stage: str | None) -> str | None:
     """``rm:<stage>/model``, the judge of a built judge_rm stage folder; None when the recipe builds none."""
     folder = _stage_file(stage, "model")
@@ -92,6 +102,7 @@ def register(root: Path = ROOT) -> None:
     OmegaConf.register_new_resolver("lrlhf.recipes_help", lambda: recipes_help(root / "recipes"), replace=True)
     OmegaConf.register_new_resolver("lrlhf.rm_judge", _rm_judge, replace=True)
     OmegaConf.register_new_resolver("lrlhf.stage_file", _stage_file, replace=True)
+    OmegaConf.register_new_resolver("lrlhf.pairs_file", _pairs_file, replace=True)
     store = ConfigStore.instance()
     for group, folder in TOP_LEVEL_GROUPS.items():
         for path in sorted((root / folder).glob("*.yaml")):
@@ -270,12 +281,13 @@ def _length(trainer, stage: str) -> str:
 
 def plan_line(cfg: DictConfig, todo: list, choices) -> str:
     """Before any work, what will train and how long each stage is, and the keys that change it."""
-    parts = [f"{recipe} {_length(dep.trainer, dep.stage)}" for recipe, dep, _ in todo]
+    parts = [f"{recipe} {_length(dep.trainer, dep.stage)}" if kind_of(dep).trains else recipe  # e.g. pairs: sampling
+             for recipe, dep, _ in todo]
     if kind_of(cfg).trains:
         parts.append(f"{'then ' if parts else ''}{choices.recipe} {_length(cfg.trainer, cfg.stage)}")
     else:
         parts.append(f"{'then ' if parts else ''}{choices.recipe}")
-    stages = sorted({dep.stage for _, dep, _ in todo} | ({cfg.stage} & set(TRAINED_STAGES)))
+    stages = sorted(({dep.stage for _, dep, _ in todo} | {cfg.stage}) & set(TRAINED_STAGES))
     by_batches = kind_of(cfg).trains and _by_batches(cfg.trainer)  # this stage's length: trainer.limit_train_batches
     keys = ", ".join("trainer.limit_train_batches=N" if by_batches and stage == cfg.stage
                      else f"hparams.{stage}.max_steps=N" for stage in stages)

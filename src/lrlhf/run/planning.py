@@ -49,7 +49,7 @@ def world_of(node):
 
     content = {}
     for key in node:
-        if key in ("dir", "judge", "judge_recipe", "table_judge"):
+        if key in ("dir", "judge", "judge_recipe", "table_judge", "pairs_recipe", "gold_reward"):
             continue
         value = node[key]
         content[key] = OmegaConf.to_container(value, resolve=True) if isinstance(value, DictConfig | ListConfig) \
@@ -264,7 +264,7 @@ def link_stage(entry: Path, run_dir: Path) -> None:
 
 #: The config nodes whose settings objects :func:`validate` builds: the module's, ``recipe=eval``'s
 #: (:class:`lrlhf.eval.harness.EvalSettings`), ``recipe=iterative_ppo``'s rounds, ``recipe=rm_ensemble``'s members.
-PLANNED_NODES = ("module", "eval", "rounds", "ensemble")
+PLANNED_NODES = ("module", "eval", "rounds", "ensemble", "pairs", "annotator")
 
 
 def validate(cfg: DictConfig) -> None:

@@ -146,18 +146,20 @@ def prompt_pool(pref_train: Path, initial_labels: int, eval_prompts: Path) -> tu
     return lines[:initial_labels], fresh
 
 
-def on_policy_pairs(model, tokenizer, prompts: list, rounds: Rounds, sampling, round_index: int
-                    ) -> tuple[list[Pair], int]:
-    """``(pairs, prompts used)``: ``labels_per_round`` pairs of distinct responses of ``model`` (fewer only when
-    ``prompts`` run out), at most ``pairs_per_prompt`` per prompt, taken from ``prompts`` in order, in blocks (a
-    prompt whose ``samples_per_prompt`` samples are all one text gives none, so a block may leave the budget short)."""
+def on_policy_pairs(model, tokenizer, prompts: list, sampling, *, samples_per_prompt: int, pairs_per_prompt: int,
+                    budget: int, seed: str) -> tuple[list[Pair], int]:
+    """``(pairs, prompts used)``: ``budget`` pairs of distinct responses of ``model`` (fewer only when ``prompts`` run
+    out), at most ``pairs_per_prompt`` per prompt, taken from ``prompts`` in order, in blocks (a prompt whose
+    ``samples_per_prompt`` samples are all one text gives none, so a block may leave the budget short); each pair's
+    order is drawn with ``seed``. Iterative RLHF's rounds and the ``pairs`` stage (:mod:`lrlhf.run.pairs`) draw
+    their pairs here."""
     import dataclasses
 
     from lrlhf.models.generation import generate_responses
 
-    k, budget = rounds.samples_per_prompt, rounds.labels_per_round
-    block = max(1, math.ceil(budget / rounds.pairs_per_prompt))
-    rng = random.Random(f"lrlhf-rounds:{rounds.seed}:{round_index}:pairs")
+    k = samples_per_prompt
+    block = max(1, math.ceil(budget / pairs_per_prompt))
+    rng = random.Random(seed)
     pairs, used = [], 0
     while len(pairs) < budget and used < len(prompts):
         chunk = prompts[used:used + block]
@@ -167,7 +169,7 @@ def on_policy_pairs(model, tokenizer, prompts: list, rounds: Rounds, sampling, r
             used += 1
             distinct = list(dict.fromkeys(texts[i * k:(i + 1) * k]))
             options = [(a, b) for a in range(len(distinct)) for b in range(a + 1, len(distinct))]
-            for a, b in rng.sample(options, min(rounds.pairs_per_prompt, len(options))):
+            for a, b in rng.sample(options, min(pairs_per_prompt, len(options))):
                 if rng.random() < 0.5:
                     a, b = b, a
                 pairs.append(Pair(prompt, distinct[a], distinct[b]))
@@ -293,7 +295,10 @@ class RoundLoop:
                 model, tokenizer = policy(self.policy_folder(r))
                 sampling = SamplingConfig(max_new_tokens=self.cfg.module.config.max_new_tokens, temperature=1.0,
                                           seed=self.rounds.seed * 1000 + r)
-                pairs, n = on_policy_pairs(model, tokenizer, fresh[start:], self.rounds, sampling, r)
+                pairs, n = on_policy_pairs(
+                    model, tokenizer, fresh[start:], sampling, samples_per_prompt=self.rounds.samples_per_prompt,
+                    pairs_per_prompt=self.rounds.pairs_per_prompt, budget=self.rounds.labels_per_round,
+                    seed=f"lrlhf-rounds:{self.rounds.seed}:{r}:pairs")
             if len(pairs) < self.rounds.labels_per_round:
                 print(f"warning: round {r}: {len(pairs)} pairs to label, fewer than rounds.settings.labels_per_round="
                       f"{self.rounds.labels_per_round}: the fresh prompts ran out ({len(fresh)} beyond the initial "

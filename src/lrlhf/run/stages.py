@@ -5,7 +5,7 @@ built, before any stage is.
 A kind that trains (``sft``, ``rm``, ``ppo``, ``dpo``, ``kto``) is :func:`lrlhf.run.training.fit_stage`; ``eval``
 evaluates policies and trains nothing (:mod:`lrlhf.run.evaluate`); ``rm_ensemble`` trains N ``rm`` stages into one
 artefact (:mod:`lrlhf.run.rm_ensemble`); ``iterative`` runs rounds of labels, RM and PPO stages
-(:mod:`lrlhf.run.rounds`).
+(:mod:`lrlhf.run.rounds`); ``pairs`` samples and labels the SFT policy's own pairs (:mod:`lrlhf.run.pairs`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from lrlhf.run.evaluate import run_eval_stage
+from lrlhf.run.pairs import run_pairs
 from lrlhf.run.rm_ensemble import run_ensemble
 from lrlhf.run.rounds import check_start, run_rounds
 from lrlhf.run.training import fit_stage
@@ -46,6 +47,7 @@ KINDS: dict[str, StageKind] = {
     **{name: StageKind(trains=True, run=_fit) for name in ("sft", "rm", "ppo", "dpo", "kto")},
     "eval": StageKind(trains=False, run=lambda cfg, out, final, overrides: run_eval_stage(cfg, out, final),
                       summary_for_every_rank=False),
+    "pairs": StageKind(trains=False, run=lambda cfg, out, final, overrides: run_pairs(cfg, out, final)),
     "rm_ensemble": StageKind(trains=False, run=lambda cfg, out, final, overrides: run_ensemble(cfg, out, final)),
     "iterative": StageKind(trains=False, run=lambda cfg, out, final, overrides: run_rounds(cfg, out, overrides),
                            check_start=check_start),

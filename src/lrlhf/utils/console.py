@@ -221,6 +221,11 @@ def print_summary(summary: dict) -> None:
         print(f"held-out pairwise accuracy: {summary['test/pair_accuracy']:.3f} (95% bootstrap [{lo:.3f}, {hi:.3f}], "
               f"{summary['test/pairs']} pairs); longer wins {summary['test/longer_wins']:.3f}, shorter wins "
               f"{summary['test/shorter_wins']:.3f}")
+    if "test/gold_accuracy" in summary:  # pairs with golds (a pairs stage's): the RM against the gold order
+        lo, hi = summary["test/gold_accuracy_interval"]
+        print(f"against the gold order: {summary['test/gold_accuracy']:.3f} ([{lo:.3f}, {hi:.3f}], "
+              f"{summary['test/gold_pairs']} pairs whose golds differ); the labels' own agreement with gold there "
+              f"{summary['test/labels_gold_agreement']:.3f}")
     if "chosen/rollout" in summary:
         print(f"chosen PPO checkpoint: rollout {summary['chosen/rollout']} by held-out utility "
               f"{summary['chosen/heldout_utility']:.3f} (early stopping); Goodhart plot: {summary['goodhart_plot']}")
