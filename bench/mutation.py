@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,8 +80,9 @@ def main() -> int:
             name, status = (part.strip() for part in line.rsplit(":", 1))
             not_killed.append((name, status))
     equivalent, stale, open_ = [], [], []
-    for name, status in not_killed:
-        diff = mutmut("show", name)
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:  # one process per `mutmut show`
+        diffs = list(pool.map(lambda item: mutmut("show", item[0]), not_killed))
+    for (name, status), diff in zip(not_killed, diffs, strict=True):
         if name in listed:
             (equivalent if listed[name][0] == mutated_line(diff) else stale).append((name, status, diff))
         else:
