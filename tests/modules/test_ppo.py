@@ -391,6 +391,11 @@ def test_reward_adapter_on_the_policy_base_scores_like_the_merged_rm(world, toke
     # one copy of the base: the reward role owns only its head
     assert [n for n, _ in module.reward_model.named_parameters()] == ["head.linear.weight", "head.linear.bias"]
     assert set(module.model.peft_config) == {"policy", "value", "reward"}
+    # loading the frozen reward adapter leaves the policy's and the value's adapters trainable (peft 0.18 froze them:
+    # lrlhf.utils.compat.load_frozen_adapter)
+    adapters = {n: p.requires_grad for n, p in module.model.named_parameters() if "lora_" in n}
+    assert all(adapters[n] for n in adapters if ".policy." in n or ".value." in n)
+    assert not any(adapters[n] for n in adapters if ".reward." in n)
 
     rollout = module.make_rollout(_batch(world, tokenizer))
     merged = load_reward_model(rm_dir)

@@ -98,7 +98,9 @@ def attach_reward_adapter(peft_model, out_dir: str | Path) -> AdapterScalarModel
     if trained_on and base and Path(str(trained_on)).resolve() != Path(str(base)).resolve():
         raise ValueError(f"{adapter_dir}: the reward adapter was trained on base {trained_on!r}, "
                          f"but the policy's base is {base!r}")
-    peft_model.load_adapter(str(adapter_dir), adapter_name=ADAPTER_NAME, is_trainable=False)
+    from lrlhf.utils.compat import load_frozen_adapter
+
+    load_frozen_adapter(peft_model, str(adapter_dir), ADAPTER_NAME)  # the policy's adapters stay trainable
     head = ScalarHead(peft_model.get_base_model().config.hidden_size)
     head.load_state_dict(load_file(out_dir / HEAD_FILE))
     return AdapterScalarModel(peft_model, ADAPTER_NAME, head.requires_grad_(False)).eval()

@@ -15,6 +15,11 @@ this module for the spelling instead of naming one version's:
   makes fp32 keys (its rotary embedding promotes them) and bf16 values, so the first value copy failed:
   ``index_copy_(): self and source expected to have the same dtype`` (the compiled sampler on CUDA under
   bf16-mixed; on a CPU under ``torch.autocast`` too). :func:`static_cache` allocates each in its own.
+- **Loading a frozen adapter beside trained ones**: peft 0.18 (our floor) ``load_adapter(..., is_trainable=False)``
+  marks every parameter of the model untrainable, the other adapters' too; 0.21 leaves them as they were. PPO loads
+  the reward model's adapter onto the policy's base after the policy and value adapters: on peft 0.18 the policy's
+  LoRA then never trained (the value head alone did; RLOO/GRPO stopped on an empty optimizer).
+  :func:`load_frozen_adapter` loads it and gives back every other parameter its ``requires_grad``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,15 @@ import inspect
 import torch
 
 CACHE_KEYWORDS = ("cache", "past_key_values")  # the new spelling first
+
+
+def load_frozen_adapter(peft_model, path: str, adapter_name: str) -> None:
+    """``peft_model.load_adapter(path, adapter_name, is_trainable=False)``, every parameter that was trainable before
+    still trainable after (module docstring)."""
+    trainable = [p for p in peft_model.parameters() if p.requires_grad]
+    peft_model.load_adapter(path, adapter_name=adapter_name, is_trainable=False)
+    for parameter in trainable:
+        parameter.requires_grad_(True)
 
 
 def unwrap_model(model):
