@@ -46,7 +46,7 @@ def gold_accuracy(module, data) -> dict:
     pairs whose golds differ (``test/gold_accuracy``, a 95% bootstrap interval, their count) beside the labels' own
     agreement with gold on the same pairs (``test/labels_gold_agreement``, ties half): what the annotators let a
     reward model learn. Each answer is scored as PPO scores a sample (:func:`lrlhf.rewards.text.text_scorer`)."""
-    from lrlhf.data.records import PreferencePair
+    from lrlhf.data.records import PreferencePair, PromptExample
     from lrlhf.rewards.text import reward_model_scorer
 
     records = [r for r in data.split_records("test") if isinstance(r, PreferencePair)
@@ -54,12 +54,12 @@ def gold_accuracy(module, data) -> dict:
     if not records:
         return {}
     scorer = reward_model_scorer(module.model, module.tokenizer)
-    prompts = [r.prompt for r in records] * 2
+    prompts = [PromptExample(r.prompt) for r in records] * 2
     texts = [_text(r.chosen) for r in records] + [_text(r.rejected) for r in records]
     was_training = module.model.training
     module.model.eval()
     try:
-        scores = scorer([_prompt_record(p) for p in prompts], texts)
+        scores = scorer(prompts, texts)
     finally:
         module.model.train(was_training)
     n = len(records)
@@ -74,12 +74,6 @@ def gold_accuracy(module, data) -> dict:
 
 def _text(turns) -> str:
     return "".join(t["content"] for t in turns if t.get("role") == "assistant")
-
-
-def _prompt_record(prompt):
-    from lrlhf.data.records import PromptExample
-
-    return PromptExample(prompt)
 
 
 def pairwise_baselines(pair_views) -> dict:
