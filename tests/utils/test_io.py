@@ -82,3 +82,33 @@ def test_swap_folder_in_replaces_a_folder_or_a_file(tmp_path):
         assert swap_folder_in(new, target) == target
         assert (target / "weights").read_text() == "new"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"]
+
+
+def test_a_killed_writers_temporaries_are_removed_by_the_next_write_and_a_live_or_foreign_ones_kept(tmp_path):
+    """A writer SIGKILLed just before its rename leaves its temporary file (and a folder's): the next write of the
+    same path removes them; a temporary of a live process (a writer still at work) or of another host stays."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    child = (  # dies at its first rename, as bench/kill_loop.py's hook does
+        "import os, signal, sys\n"
+        "from lrlhf.utils.io import atomic_save_folder, atomic_write_text\n"
+        "os.replace = lambda *a: os.kill(os.getpid(), signal.SIGKILL)\n"
+        "atomic_write_text(sys.argv[1] + '/summary.json', '{}') if sys.argv[2] == 'file' else "
+        "atomic_save_folder(sys.argv[1] + '/model', lambda d: (d / 'w').write_text('w'))\n")
+    for what in ("file", "folder"):
+        done = subprocess.run([sys.executable, "-c", child, str(tmp_path), what])
+        assert done.returncode == -signal.SIGKILL
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == 2 and all(name.endswith(".tmp") for name in left), left
+    live = tmp_path / f".summary.json.{os.getpid()}@{socket.gethostname()}.abcd1234.tmp"
+    foreign = tmp_path / ".summary.json.1@another-host.abcd1234.tmp"
+    live.write_text("being written")
+    foreign.write_text("written elsewhere")
+
+    atomic_write_text(tmp_path / "summary.json", "{}")
+    atomic_save_folder(tmp_path / "model", lambda d: (d / "w").write_text("w"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["summary.json", "model", live.name, foreign.name])

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
-from lrlhf.utils.io import recover_folder
+from lrlhf.utils.io import process_gone, recover_folder
 
 #: Override keys that dependency stages inherit from the main run.
 SHARED_KEYS = ("world", "model", "hparams", "paths", "seed", "threads", "stage_overrides")
@@ -324,18 +324,9 @@ def _owner_alive(folder: Path) -> bool:
     another host, or a folder written before owners were recorded, is never removed on a guess)."""
     try:
         host, pid = (folder / OWNER_FILE).read_text().strip().rsplit(":", 1)
-        pid = int(pid)
+        return not process_gone(host, int(pid))
     except (OSError, ValueError):
         return True
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, another user's
-        return True
-    return True
 
 
 def remove_dead_builds(folders: list[Path]) -> list[Path]:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import errno
+import glob
 import json
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -60,11 +63,43 @@ def storage_error(err: BaseException, path: str | Path, needed: int | None = Non
                         "from its last complete checkpoint with ckpt_path=last)")
 
 
+def process_gone(host: str, pid: int) -> bool:
+    """True only when ``pid`` ran on this host and no longer exists (a process of another host, or another user's,
+    counts as alive: nothing is removed on a guess)."""
+    if host != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def _temp_prefix(path: Path) -> str:
+    """The name start of a temporary file or folder written for ``path``: its writer's pid and host, so that a
+    later writer can tell one a killed process left (:func:`remove_dead_temps`) from one being written."""
+    return f".{path.name}.{os.getpid()}@{socket.gethostname()}."
+
+
+def remove_dead_temps(path: Path) -> None:
+    """Remove the temporary files and folders next to ``path`` that a writer of it killed midway left (its
+    process gone from this host); a live writer's, another host's and unrecognised names are kept."""
+    name = re.compile(rf"\.{re.escape(path.name)}\.(\d+)@(.+)\.[^.]+\.tmp")
+    for stale in path.parent.glob(f".{glob.escape(path.name)}.*.tmp"):
+        match = name.fullmatch(stale.name)
+        if match and process_gone(match[2], int(match[1])):
+            shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
-    """Write ``data`` to ``path``: a temporary file in the same folder, fsync, then ``os.replace``."""
+    """Write ``data`` to ``path``: a temporary file in the same folder, fsync, then ``os.replace`` (the temporaries
+    of a writer killed earlier are removed first)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    remove_dead_temps(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path), suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -122,7 +157,8 @@ def atomic_save_folder(target: str | Path, save: Callable[[Path], None]) -> Path
     """
     target = recover_folder(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
+    remove_dead_temps(target)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=_temp_prefix(target), suffix=".tmp"))
     try:
         save(tmp)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
