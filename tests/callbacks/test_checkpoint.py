@@ -184,3 +184,55 @@ def test_a_resume_that_trains_nothing_still_has_the_last_logged_figures(world, t
     again, trainer = _run(world, tokenizer, tmp_path, 2, ckpt_path="last")  # already at its max_steps
     assert again.rollouts_done == 2
     assert {k: float(trainer.callback_metrics[k]) for k in logged} == logged
+
+
+class _Validated(__import__("lightning").pytorch.LightningModule):
+    """A linear model validated every 2 steps; ``fail_at`` makes the validation at that step raise (a kill)."""
+
+    def __init__(self, fail_at=None):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.fail_at = fail_at
+
+    def training_step(self, batch, batch_idx):
+        return self.layer(batch).pow(2).mean()
+
+    def validation_step(self, batch, batch_idx):
+        if self.trainer.global_step == self.fail_at:
+            raise RuntimeError("killed during the validation")
+        self.log("val/loss", self.layer(batch).pow(2).mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit_validated(root, fail_at=None, ckpt_path=None):
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(0)
+    data = DataLoader(torch.randn(1, 4).repeat(16, 1), batch_size=2)  # every batch alike: any order resumes alike
+    module = _Validated(fail_at)
+    trainer = pl.Trainer(max_steps=4, val_check_interval=2, check_val_every_n_epoch=None, num_sanity_val_steps=0,
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[ResumableCheckpoint(dirpath=root / "ckpt", keep_last_k=10)])
+    trainer.fit(module, data, data, ckpt_path=ckpt_path)
+    return trainer
+
+
+def test_a_step_that_validates_is_saved_after_its_validation(tmp_path):
+    """The kill soak found it (DPO, KTO): the checkpoint of a step that ends in a validation was written before
+    the validation, so a relaunch of the finished run reported the previous validation's figures, and a kill during
+    that validation resumed after it (its metrics row lost). Saved after it: the final checkpoint holds the final
+    figures; a validation that dies leaves the step before as the last checkpoint, and the resume validates."""
+    from lrlhf.callbacks.checkpoint import META_KEY
+
+    trainer = _fit_validated(tmp_path / "straight")
+    final = torch.load(tmp_path / "straight" / "ckpt" / "last.ckpt", weights_only=False)
+    assert final[META_KEY]["metrics"]["val/loss"] == float(trainer.callback_metrics["val/loss"])
+
+    with pytest.raises(RuntimeError, match="killed during the validation"):
+        _fit_validated(tmp_path / "killed", fail_at=4)
+    assert os.readlink(tmp_path / "killed" / "ckpt" / "last.ckpt") == "rollout=000003.ckpt"
+    resumed = _fit_validated(tmp_path / "killed", ckpt_path="last")
+    assert float(resumed.callback_metrics["val/loss"]) == float(trainer.callback_metrics["val/loss"])

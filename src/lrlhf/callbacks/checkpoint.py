@@ -145,6 +145,17 @@ def atomic_save_checkpoint(trainer: pl.Trainer, path: str | Path) -> Path:
     return path
 
 
+def _validates_after_this_batch(trainer: pl.Trainer) -> bool:
+    """Whether Lightning validates at the end of the training batch that is ending (its own decision, a private
+    method alike from lightning 2.6.0, our floor, to 2.6.6); False where it cannot be asked."""
+    loop = trainer.fit_loop.epoch_loop
+    decide = getattr(loop, "_should_check_val_fx", None)
+    try:
+        return bool(decide(trainer.fit_loop._data_fetcher)) if decide is not None else False
+    except (AttributeError, TypeError):  # (another version's internals: the save happens at the batch end, as before)
+        return False
+
+
 def _scalar_metrics(metrics: dict) -> dict[str, float]:
     """The one-number entries of ``trainer.callback_metrics`` as floats (weights-only loadable)."""
     out = {}
@@ -212,6 +223,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self.last_paths: set[str] = set()  # what ckpt_path="last" resolved to (a bad one falls back)
         self._step_at_batch_start = -1
         self._due = False
+        self._after_validation: int | None = None  # a save put off until this step's validation has run
         self._pl_module: pl.LightningModule | None = None
         self._frozen_identity: dict | None = None
         self._next_rng: dict | None = None
@@ -252,6 +264,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             trainer.callback_metrics.setdefault(key, torch.tensor(value))
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._save_put_off(trainer)  # its validation did not run after all
         self._step_at_batch_start = trainer.global_step
         if self._next_rng is not None:  # the state the previous rollout ended in (or the resumed one)
             set_rng_state(self._next_rng)
@@ -266,20 +279,33 @@ class ResumableCheckpoint(ModelCheckpoint):
         if trainer.global_step == self._step_at_batch_start:
             return  # no optimiser step in this batch (gradient accumulation): the gradients are in no checkpoint
         if self._due or (self.save_at_end and self._training_ends(trainer)):
-            self.save(trainer, rollouts)
             self._due = False
+            if _validates_after_this_batch(trainer):  # saved once it ran (on_validation_end): see _save_put_off
+                self._after_validation = rollouts
+            else:
+                self.save(trainer, rollouts)
+
+    def _save_put_off(self, trainer) -> None:
+        """The save of a step that ends in a validation, made after it: the checkpoint then holds the validation's
+        figures (a relaunch of a finished run reports the final ones, not the previous validation's) and a kill
+        during the validation resumes before the step, so it runs again (saved before it, a resume skipped it and
+        metrics.csv lost its row). The checkpoint's RNG is the batch end's, as a save at the batch end would have."""
+        if self._after_validation is not None:
+            rollouts, self._after_validation = self._after_validation, None
+            self.save(trainer, rollouts)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         pass  # rollout boundaries only
 
     def on_validation_end(self, trainer, pl_module) -> None:
-        pass
+        if not trainer.sanity_checking:
+            self._save_put_off(trainer)
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         pass  # an exception mid-rollout is not a boundary; the last complete checkpoint stands
 
     def on_train_end(self, trainer, pl_module) -> None:
-        pass
+        self._save_put_off(trainer)
 
     @staticmethod
     def _training_ends(trainer: pl.Trainer) -> bool:
@@ -339,6 +365,7 @@ class ResumableCheckpoint(ModelCheckpoint):
 
         Called on every rank (the RNG states are gathered: a collective)."""
         sharded = is_sharded(trainer)
+        rng = self._next_rng if self._next_rng is not None else rng_state()  # the next batch starts from it
         # sharded: every key stays (the sharded loader needs them; each rank holds only its shard anyway)
         frozen = [] if sharded else frozen_keys(pl_module, trained_parameter_ids(trainer.optimizers))
         state = checkpoint["state_dict"]
@@ -354,8 +381,8 @@ class ResumableCheckpoint(ModelCheckpoint):
             "frozen_sources": self._sources(pl_module),
             "config": self._config(pl_module),
             "versions": library_versions(),
-            "rng": rng_state(),
-            "rng_per_rank": _all_ranks(rng_state()),
+            "rng": rng,
+            "rng_per_rank": _all_ranks(rng),
             "sharded": sharded,
             "rollouts_done": self._rollouts(trainer, pl_module),
             "global_step": trainer.global_step,
