@@ -187,12 +187,17 @@ def test_a_resume_that_trains_nothing_still_has_the_last_logged_figures(world, t
 
 
 class _Validated(__import__("lightning").pytorch.LightningModule):
-    """A linear model validated every 2 steps; ``fail_at`` makes the validation at that step raise (a kill)."""
+    """A linear model validated every 2 steps; ``fail_at`` makes the validation at that step raise (a kill),
+    ``die_after`` the end of that step's batch (after the callbacks' batch-end hooks)."""
 
-    def __init__(self, fail_at=None):
+    def __init__(self, fail_at=None, die_after=None):
         super().__init__()
         self.layer = torch.nn.Linear(4, 1)
-        self.fail_at = fail_at
+        self.fail_at, self.die_after = fail_at, die_after
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):  # after every callback's, before the row is logged
+        if self.trainer.global_step == self.die_after:
+            raise RuntimeError("killed before the step's row was logged")
 
     def training_step(self, batch, batch_idx):
         return self.layer(batch).pow(2).mean()
@@ -206,13 +211,13 @@ class _Validated(__import__("lightning").pytorch.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def _fit_validated(root, fail_at=None, ckpt_path=None):
+def _fit_validated(root, fail_at=None, ckpt_path=None, die_after=None):
     import lightning.pytorch as pl
     from torch.utils.data import DataLoader
 
     torch.manual_seed(0)
     data = DataLoader(torch.randn(1, 4).repeat(16, 1), batch_size=2)  # every batch alike: any order resumes alike
-    module = _Validated(fail_at)
+    module = _Validated(fail_at, die_after)
     trainer = pl.Trainer(max_steps=4, val_check_interval=2, check_val_every_n_epoch=None, num_sanity_val_steps=0,
                          logger=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[ResumableCheckpoint(dirpath=root / "ckpt", keep_last_k=10)])
@@ -236,3 +241,13 @@ def test_a_step_that_validates_is_saved_after_its_validation(tmp_path):
     assert os.readlink(tmp_path / "killed" / "ckpt" / "last.ckpt") == "rollout=000003.ckpt"
     resumed = _fit_validated(tmp_path / "killed", ckpt_path="last")
     assert float(resumed.callback_metrics["val/loss"]) == float(trainer.callback_metrics["val/loss"])
+
+
+def test_last_points_at_a_step_only_once_its_row_can_have_been_logged(tmp_path):
+    """The kill soak found it (SFT): a step's checkpoint was pointed at by last.ckpt in the batch-end hooks,
+    Lightning logs the step's row after them; killed in between, the resume started after the step and metrics.csv
+    never got its row. The file is written at the batch end, last.ckpt moves at the next batch start."""
+    with pytest.raises(RuntimeError, match="row was logged"):
+        _fit_validated(tmp_path, die_after=3)  # step 3: no validation after it
+    assert (tmp_path / "ckpt" / "rollout=000003.ckpt").is_file()
+    assert os.readlink(tmp_path / "ckpt" / "last.ckpt") == "rollout=000002.ckpt"

@@ -224,6 +224,7 @@ class ResumableCheckpoint(ModelCheckpoint):
         self._step_at_batch_start = -1
         self._due = False
         self._after_validation: int | None = None  # a save put off until this step's validation has run
+        self._unpointed: Path | None = None  # a checkpoint written, last.ckpt not yet pointing at it
         self._pl_module: pl.LightningModule | None = None
         self._frozen_identity: dict | None = None
         self._next_rng: dict | None = None
@@ -282,17 +283,23 @@ class ResumableCheckpoint(ModelCheckpoint):
             self._due = False
             if _validates_after_this_batch(trainer):  # saved once it ran (on_validation_end): see _save_put_off
                 self._after_validation = rollouts
-            else:
-                self.save(trainer, rollouts)
+            else:  # last.ckpt points at it once the step's row is logged: see _save_put_off
+                self._unpointed = self.save(trainer, rollouts, point_last=False)
 
     def _save_put_off(self, trainer) -> None:
         """The save of a step that ends in a validation, made after it: the checkpoint then holds the validation's
         figures (a relaunch of a finished run reports the final ones, not the previous validation's) and a kill
         during the validation resumes before the step, so it runs again (saved before it, a resume skipped it and
-        metrics.csv lost its row). The checkpoint's RNG is the batch end's, as a save at the batch end would have."""
+        metrics.csv lost its row). The checkpoint's RNG is the batch end's, as a save at the batch end would have.
+
+        Any other step's checkpoint is written at its batch end, but ``last.ckpt`` is pointed at it only here (the
+        next batch start, or the end of training): Lightning logs a step's row after the batch-end hooks, so a kill
+        between the two resumes before the step and logs its row again (pointed at once, the row was lost)."""
         if self._after_validation is not None:
             rollouts, self._after_validation = self._after_validation, None
             self.save(trainer, rollouts)
+        if self._unpointed is not None:
+            self.point_last(trainer, self._unpointed)
 
     def on_train_epoch_end(self, trainer, pl_module) -> None:
         pass  # rollout boundaries only
@@ -323,11 +330,21 @@ class ResumableCheckpoint(ModelCheckpoint):
         return int(done) if done is not None else trainer.fit_loop.epoch_loop.total_batch_idx + 1
 
     # ------------------------------------------------------------------------------------------ write
-    def save(self, trainer: pl.Trainer, rollouts: int) -> Path:
-        """Write ``rollout=<n>.ckpt`` atomically, then point ``last.ckpt`` at it, then prune."""
+    def save(self, trainer: pl.Trainer, rollouts: int, point_last: bool = True) -> Path:
+        """Write ``rollout=<n>.ckpt`` atomically, then (``point_last``) point ``last.ckpt`` at it and prune."""
         dirpath = Path(self.dirpath)
         dirpath.mkdir(parents=True, exist_ok=True)
         path = atomic_save_checkpoint(trainer, dirpath / f"rollout={rollouts:06d}.ckpt")
+        self.last_model_path = self._last_checkpoint_saved = str(path)
+        self._last_global_step_saved = trainer.global_step
+        if point_last:
+            self.point_last(trainer, path)
+        return path
+
+    def point_last(self, trainer: pl.Trainer, path: Path) -> None:
+        """Point ``last.ckpt`` at the checkpoint ``path`` (atomically), then prune (a collective)."""
+        self._unpointed = None
+        dirpath = Path(self.dirpath)
         if trainer.is_global_zero:
             last = dirpath / f"{self.CHECKPOINT_NAME_LAST}{self.FILE_EXTENSION}"
             tmp = dirpath / f".{last.name}.{os.getpid()}.partial"
@@ -337,9 +354,6 @@ class ResumableCheckpoint(ModelCheckpoint):
             _fsync(dirpath)
             self._prune(dirpath, keep=path.name)
         trainer.strategy.barrier("ResumableCheckpoint.save")
-        self.last_model_path = self._last_checkpoint_saved = str(path)
-        self._last_global_step_saved = trainer.global_step
-        return path
 
     def _prune(self, dirpath: Path, keep: str) -> None:
         files = sorted((int(m.group(1)), p) for p in dirpath.iterdir() if (m := ROLLOUT_FILE.match(p.name)))

@@ -161,6 +161,8 @@ class StopOnSignal(Callback):
             path = Path(resumable.dirpath) / f"rollout={rollouts:06d}.ckpt"
             if resumable.last_model_path != str(path):  # not written at this boundary by the periodic save
                 path = resumable.save(trainer, rollouts)
+            else:  # written, last.ckpt not yet pointing at it (it waits for the step's row)
+                resumable.point_last(trainer, path)
             return path, "last"
         plain = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.dirpath), None)
         if plain is not None:
