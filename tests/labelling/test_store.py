@@ -183,6 +183,37 @@ def test_labels_stay_with_their_pair_when_the_file_changes(tmp_path):
     assert jsonl(store.log_dir / "ann.jsonl")[0]["id"] == "item-0"
 
 
+def test_equal_pairs_keep_their_labels_when_a_line_is_inserted_above(tmp_path):
+    """Two equal pairs labelled differently, a line inserted above them: the first label moves to the first copy,
+    the second label found its own place taken and refused the store ("a second decision on item 1")."""
+    path = tmp_path / "pairs.jsonl"
+    same = {"prompt": "question", "chosen": "good", "rejected": "bad"}
+    path.write_text(2 * (json.dumps(same) + "\n"))
+    store = LabelStore(path)
+    store.decide("ann", "0", "chosen")
+    store.decide("ann", "1", "rejected")
+    new = {"prompt": "new", "chosen": "a", "rejected": "b"}
+    path.write_text("".join(json.dumps(r) + "\n" for r in (new, same, same)))
+    moved = LabelStore(path)
+    assert [r["label"] for r in jsonl(moved.out)] == [None, 1.0, 0.0]
+
+
+def test_an_undo_after_the_file_changed_is_replayed(tmp_path):
+    """A decision kept under a new key after a line was deleted, then undone (the undo logged under the new key):
+    the log was refused at the next start ("not a decision or an undo of the last one")."""
+    path = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": f"question {i}", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = LabelStore(path)
+    store.decide("ann", "0", "chosen")
+    store.decide("ann", "1", "rejected")
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows[1:]))  # the first line deleted
+    moved = LabelStore(path)
+    moved.undo("ann", "0")  # question 1's label, logged as "1", kept as "0"
+    again = LabelStore(path)
+    assert list(again.logs["ann"].decisions) == ["gone:1"] and again.current("ann").key == "0"
+
+
 def test_records_training_would_drop_are_dropped_and_counted_not_fatal(tmp_path):
     path = tmp_path / "hh.jsonl"
     rows = [{"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello.", "rejected": "\n\nHuman: Hi?\n\nAssistant: Go."},

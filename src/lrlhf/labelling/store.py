@@ -154,7 +154,7 @@ class AnnotatorLog:
             with open(self.path, "r+b") as f:
                 f.truncate(good)
                 os.fsync(f.fileno())
-        renamed: dict[str, str] = {}  # a key as logged -> the key it is kept under
+        logged_as: dict[str, str] = {}  # the key a decision is kept under -> its key in the log
         for number, line in enumerate(data[:good].decode("utf-8").splitlines(), start=1):
             if not line.strip():
                 continue
@@ -173,12 +173,12 @@ class AnnotatorLog:
                 self.moved += key != logged and not key.startswith("gone:")
                 if self.decisions.get(key, {}).get("choice", "skip") != "skip":
                     raise ValueError(f"{where}: a second decision on item {key} (not after a skip)")
-                renamed[logged] = key
+                logged_as[key] = logged
                 self.decisions.pop(key, None)
                 self.decisions[key] = {**event, "key": key}
-            elif event.get("event") == "undo" and self.decisions and \
-                    next(reversed(self.decisions)) == renamed.get(logged, logged):
-                del self.decisions[renamed.get(logged, logged)]
+            elif event.get("event") == "undo" and self.decisions and logged in (
+                    last := next(reversed(self.decisions)), logged_as.get(last)):  # written before or after a change
+                del self.decisions[last]
             else:
                 raise ValueError(f"{where}: not a decision or an undo of the last one: {line[:200]}")
 
@@ -233,15 +233,18 @@ class LabelStore:
 
     def _resolve(self, event: dict, where: str, decided: dict) -> str | None:
         """The key of the item a logged decision was about: its own key while the item there has the content the
-        decision saw, else an item with that content not yet decided (or only skipped); None when no pair has it any
-        more (the decision stays in the log and counts for nothing)."""
+        decision saw and no other decision took it, else an item with that content not yet decided (or only
+        skipped); None when no pair has it any more (the decision stays in the log and counts for nothing)."""
         key, digest = event["key"], event.get("hash")
         if not isinstance(digest, str):
             raise ValueError(f"{where}: a decision without the `hash` of the pair it was about (written by an "
                              "earlier lrlhf): label the file again into a new --out folder")
-        if key in self.items and self.items[key].digest == digest:
-            return key
-        open_keys = [k for k in self.by_digest.get(digest, []) if decided.get(k, {}).get("choice", "skip") == "skip"]
+        def open_(k: str) -> bool:  # not decided, or only skipped
+            return decided.get(k, {}).get("choice", "skip") == "skip"
+
+        if key in self.items and self.items[key].digest == digest and open_(key):
+            return key  # (taken already: an equal pair's decision moved there, e.g. after a line was inserted above)
+        open_keys = [k for k in self.by_digest.get(digest, []) if open_(k)]
         return open_keys[0] if open_keys else None
 
     def queue(self, name: str) -> list[str]:
