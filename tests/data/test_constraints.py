@@ -164,3 +164,113 @@ def test_bad_world_settings_name_the_key(tmp_path):
         ConstraintsWorld()
     with pytest.raises(FileNotFoundError, match="world.alpaca='missing.json'"):
         ConstraintsWorld(alpaca="missing.json").check()
+
+
+# ------------------------------------------------------------------------------------------ the edges
+KNOWN = "lowercase, no_commas, keyword, max_words, end_phrase, quotation, bullets, json"
+
+
+def test_the_draw_covers_each_parameter_choice():
+    drawn = [draw(random.Random(seed), ("max_words", "bullets")) for seed in range(200)]
+    assert {c["n"] for c in drawn if c["kind"] == "max_words"} == {10, 15, 20}
+    assert {c["n"] for c in drawn if c["kind"] == "bullets"} == {2, 3}
+
+
+def test_the_instructions_word_for_word():
+    assert instruction({"kind": "lowercase"}) == ("Your entire response should be in English, and in all lowercase "
+                                                  "letters. No capital letters are allowed.")
+    assert instruction({"kind": "no_commas"}) == "In your entire response, refrain from the use of any commas."
+    assert instruction({"kind": "keyword", "word": "today"}) == 'Include the keyword "today" in the response.'
+    assert instruction({"kind": "max_words", "n": 15}) == "Answer with at most 15 words."
+    assert instruction({"kind": "end_phrase", "phrase": "That is all."}) == (
+        'Finish your response with this exact phrase "That is all.". No other words should follow this phrase.')
+    assert instruction({"kind": "quotation"}) == "Wrap your entire response with double quotation marks."
+    assert instruction({"kind": "bullets", "n": 3}) == (
+        "Your answer must contain exactly 3 bullet points. Use the markdown bullet points such as:\n"
+        "* This is point 1.\n* This is point 2")
+    assert instruction({"kind": "json"}) == ("Entire output should be wrapped in JSON format. You can use markdown "
+                                             "ticks such as ```.")
+
+
+def test_an_unknown_kind_is_named_with_the_known_ones():
+    for check in (instruction, lambda c: satisfied(c, "HI")):
+        with pytest.raises(ValueError) as error:
+            check({"kind": "shout"})
+        assert str(error.value) == f"unknown constraint kind 'shout'; known: {KNOWN}"
+
+
+def test_the_edges_of_the_checks():
+    assert satisfied({"kind": "max_words", "n": 3}, "Hello.")  # one word is an answer
+    assert satisfied({"kind": "quotation"}, '""')  # two marks wrap an empty response
+    assert satisfied({"kind": "end_phrase", "phrase": "Sent from my iPhone X"}, "Bye.\nSent from my iPhone X")
+    assert not satisfied({"kind": "end_phrase", "phrase": "That is all."}, '"Done. That is all."X')
+
+
+def test_partial_credit_reads_every_line():
+    assert credit({"kind": "bullets", "n": 2}, "Intro\n* one") == 0.3  # a bullet on a later line
+    assert credit({"kind": "json"}, "{\n'a': 1\n}") == 0.2  # brackets on different lines
+
+
+def test_attach_strips_only_the_prompts_end():
+    constraint = {"kind": "quotation"}
+    assert attach("  Say hi. \n", constraint) == f"  Say hi.\n\n{instruction(constraint)}"
+
+
+def test_the_judge_reads_a_records_meta_and_names_itself():
+    from lrlhf.data.records import PromptExample
+
+    record = PromptExample([{"role": "user", "content": "Say hi."}], meta={"constraint": {"kind": "no_commas"}})
+    assert constraint_judge(record, "hi there") == 1.0 and constraint_judge(record, "hi, there") == 0.0
+    with pytest.raises(ValueError) as error:
+        constraint_judge(PromptExample([{"role": "user", "content": "Say hi."}]), "hi")
+    assert str(error.value) == ("judge lrlhf.data.constraints:constraint_judge: the prompt record has no constraint "
+                                f"(meta.constraint with a kind of {KNOWN}): world=constraints writes one per prompt")
+
+
+def test_bad_world_settings_word_for_word():
+    with pytest.raises(ValueError) as error:
+        ConstraintsWorld(alpaca="x", kinds=("shout", "json"))
+    assert str(error.value) == f"world.kinds: ['shout']: choose among {KNOWN}"
+    with pytest.raises(ValueError) as error:
+        ConstraintsWorld(alpaca="x", kinds=())
+    assert str(error.value) == f"world.kinds: empty: choose among {KNOWN}"
+    for share in (0, 1, 1.5):
+        with pytest.raises(ValueError) as error:
+            ConstraintsWorld(alpaca="x", eval_share=share)
+        assert str(error.value) == f"world.eval_share must be in (0, 1), got {share}"
+    with pytest.raises(ValueError) as error:
+        ConstraintsWorld()
+    assert str(error.value) == "world.alpaca and world.self_instruct are both null: give at least one prompt source"
+
+
+def test_the_world_needs_a_prompt_left_for_rl(tmp_path):
+    alpaca, seed = _write_sources(tmp_path)  # 50 prompts, 12 of them held out
+    with pytest.raises(ValueError) as error:
+        ConstraintsWorld(alpaca=str(alpaca), self_instruct=str(seed), val_prompts=38).build(tmp_path / "w")
+    assert str(error.value) == "50 prompts: too few for eval_share=0.25 and val_prompts=38"
+    ConstraintsWorld(alpaca=str(alpaca), self_instruct=str(seed), val_prompts=37).build(tmp_path / "w")
+    assert len((tmp_path / "w" / "rl_prompts.jsonl").read_text().splitlines()) == 1
+
+
+def test_the_worlds_records_and_report(tmp_path):
+    alpaca, seed = _write_sources(tmp_path)
+    world = ConstraintsWorld(alpaca=str(alpaca), self_instruct=str(seed), kinds=("no_commas", "json"),
+                             eval_share=0.01, val_prompts=4)  # 0.5 of a prompt held out: still one
+    world.build(tmp_path / "w")
+    files = {name: [json.loads(x) for x in (tmp_path / "w" / f"{name}.jsonl").read_text().splitlines()]
+             for name in ConstraintsWorld.FILES}
+    assert {k: len(v) for k, v in files.items()} == {"sft_train": 45, "sft_val": 4, "rl_prompts": 45,
+                                                     "eval_prompts": 1}
+    for row in files["rl_prompts"] + files["eval_prompts"]:
+        assert row["constraint"]["kind"] in ("no_commas", "json")
+        assert row["prompt"] == [{"role": "user", "content": attach(row["prompt"][0]["content"].split("\n\n")[0],
+                                                                     row["constraint"])}]
+    answers = {f"Task {i}.": f"Answer {i}." for i in range(40)} | {f"Seed {i}.": "o" for i in range(20)}
+    for row in files["sft_train"] + files["sft_val"]:
+        user, assistant = row["messages"]
+        assert user == {"role": "user", "content": attach(user["content"].split("\n\n")[0], row["constraint"])}
+        assert assistant == {"role": "assistant", "content": answers[user["content"].split("\n\n")[0]]}
+    report = json.loads((tmp_path / "w" / "world.json").read_text())
+    kinds = [row["constraint"]["kind"] for row in files["eval_prompts"]]
+    assert report["prompts"] == 50
+    assert report["eval_kinds"] == {"no_commas": kinds.count("no_commas"), "json": kinds.count("json")}

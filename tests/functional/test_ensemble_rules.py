@@ -42,3 +42,28 @@ def test_bad_input_is_refused():
         MeanMinusStd(-1.0)
     with pytest.raises(ValueError, match="ensemble of 3 members"):
         SingleMember(3)(SCORES)
+
+
+def test_an_ensemble_without_members_is_refused():
+    with pytest.raises(ValueError, match="^an ensemble needs at least one member$"):
+        EnsembleMean()(torch.zeros(0, 3))
+    with pytest.raises(ValueError, match="^an ensemble needs at least one member$"):
+        disagreement(torch.zeros(0, 3))
+
+
+def test_default_rules_and_their_names():
+    # MeanMinusStd() subtracts one std; SingleMember() is the first member
+    assert MeanMinusStd()(SCORES).tolist() == [3.0 - 2.0, 2.0]
+    assert SingleMember()(SCORES).tolist() == [1.0, 2.0]
+    assert EnsembleMean().describe() == "EnsembleMean" and WorstCase().describe() == "WorstCase"
+
+
+def test_single_member_takes_any_index_below_the_member_count():
+    # member 0 and the last member (index 2 of 3, beyond the batch size 2) are valid
+    assert SingleMember(0)(SCORES).tolist() == [1.0, 2.0]
+    assert SingleMember(2)(SCORES).tolist() == [5.0, 2.0]
+    wide = torch.arange(8, dtype=torch.float64).reshape(2, 4)  # 2 members x 4 samples
+    with pytest.raises(ValueError, match=r"SingleMember\(index=2\) of an ensemble of 2 members"):
+        SingleMember(2)(wide)
+    with pytest.raises(ValueError, match="index must be >= 0, got -1"):
+        SingleMember(-1)

@@ -1,4 +1,5 @@
 import math
+import re
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from lrlhf.functional import (
     bradley_terry_loss,
     dpo_loss,
     explained_variance,
+    kto_loss,
     ranking_loss,
     value_loss,
 )
@@ -93,6 +95,24 @@ def test_value_loss_without_clip_and_gradcheck():
     loss, _ = value_loss(values, old, returns, mask)
     assert loss.item() == pytest.approx(0.5 * ((values - returns)[mask] ** 2).mean().item(), abs=1e-12)
     assert torch.autograd.gradcheck(lambda v: value_loss(v, old, returns, mask, clip_eps=0.3)[0], (values,))
+
+
+def test_value_loss_clips_a_value_below_the_old_one_from_below():
+    # token 0: V=0, old=1, eps .1 -> V_clip = 0.9; R=-1: unclipped 1, clipped 1.9^2 = 3.61 wins
+    # token 1: V=2, old=1 -> V_clip = 1.1; R=3: unclipped 1, clipped 1.9^2 = 3.61 wins
+    values = torch.tensor([0.0, 2.0], dtype=torch.float64)
+    loss, stats = value_loss(values, torch.ones(2, dtype=torch.float64), torch.tensor([-1.0, 3.0], dtype=torch.float64),
+                             torch.ones(2, dtype=torch.bool), clip_eps=0.1)
+    assert loss.item() == pytest.approx(0.5 * 1.9**2, abs=1e-12)
+    assert stats.clipfrac.item() == 1.0
+
+
+def test_value_loss_without_clip_reports_no_clipped_token():
+    values = torch.tensor([[1.0, 5.0]], dtype=torch.float64)
+    loss, stats = value_loss(values, values + 10, torch.zeros(1, 2, dtype=torch.float64), torch.ones(1, 2))
+    assert loss.item() == pytest.approx(0.5 * (1 + 25) / 2, abs=1e-12)
+    assert torch.equal(stats.clipfrac, torch.zeros((), dtype=torch.float64))
+    assert stats.value_mean.item() == 3.0
 
 
 def test_explained_variance_by_hand():
@@ -185,6 +205,32 @@ def test_ranking_loss_is_order_invariant_and_skips_singletons():
         ranking_loss(torch.zeros(2), torch.ones(2), torch.tensor([0, 1]))
 
 
+def test_ranking_loss_tie_keeps_the_pair_order_for_an_asymmetric_tie_target():
+    # a tie at target 0.8 is not symmetric: the earlier candidate of the pair is "first"
+    rewards = torch.tensor([1.0, 3.0, 0.5, 0.5, -2.0], dtype=torch.float64)
+    ranks = torch.tensor([1, 1, 2, 1, 1])
+    group = torch.tensor([0, 0, 1, 1, 1])
+    # group 1: (2, 3) rank 1 (index 3) beats rank 2; (2, 4) likewise; (3, 4) a tie, index 3 first
+    expected = (_bt(1.0, 3.0, 0.8) + (_bt(0.5, 0.5) + _bt(-2.0, 0.5) + _bt(0.5, -2.0, 0.8)) / 3) / 2
+    assert ranking_loss(rewards, ranks, group, tie_target=0.8).item() == pytest.approx(expected, abs=1e-6)
+    assert abs(_bt(1.0, 3.0, 0.8) - _bt(3.0, 1.0, 0.8)) > 1  # the orientation matters here
+
+
+def test_ranking_loss_stays_on_the_inputs_device_whatever_the_default_device():
+    rewards = torch.tensor([1.0, 0.0, 0.5, -0.5, 2.0], dtype=torch.float64)
+    ranks, group = torch.tensor([2, 1, 1, 3, 2]), torch.tensor([7, 7, 3, 3, 3])
+    expected = ranking_loss(rewards, ranks, group)
+    with torch.device("meta"):  # a factory call without an explicit device lands here
+        got = ranking_loss(rewards, ranks, group)
+    assert got.device.type == "cpu" and torch.equal(got, expected)
+
+
+def test_ranking_loss_without_a_pair_says_so():
+    message = "ranking_loss: no group has two candidates, there is no pair to compare"
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        ranking_loss(torch.zeros(3), torch.ones(3), torch.tensor([0, 1, 2]))
+
+
 def test_ranking_loss_gradcheck():
     g = torch.Generator().manual_seed(0)
     rewards = torch.randn(7, generator=g, dtype=torch.float64).requires_grad_()
@@ -221,3 +267,52 @@ def test_dpo_at_init_is_log2_and_gradcheck():
     assert torch.autograd.gradcheck(lambda a, b: dpo_loss(a, b, chosen * 0.9, rejected, beta=0.5)[0], (pc, pr))
     with pytest.raises(ValueError, match="label_smoothing"):
         dpo_loss(chosen, rejected, chosen, rejected, beta=0.5, label_smoothing=0.5)
+
+
+# --- KTO ----------------------------------------------------------------------------------------------
+def _sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_kto_loss_by_hand_with_weights_and_a_positive_reference_point():
+    f64 = dict(dtype=torch.float64)
+    policy, ref = torch.tensor([1.0, -0.5, 0.3], **f64), torch.tensor([0.2, 0.1, -0.4], **f64)
+    policy_kl, ref_kl = torch.tensor([0.5, 0.2, 0.1], **f64), torch.tensor([0.1, 0.3, -0.2], **f64)
+    desirable = torch.tensor([1, 0, 1])  # any 0/1 tensor: made bool
+    beta, w_d, w_u = 0.5, 1.5, 0.7
+    z0 = (0.4 - 0.1 + 0.3) / 3  # mean of policy_kl - ref_kl, positive: not clamped
+    r = [0.8, -0.6, 0.7]
+    expected = (w_d * (1 - _sigmoid(beta * (r[0] - z0))) + w_u * (1 - _sigmoid(beta * (z0 - r[1])))
+                + w_d * (1 - _sigmoid(beta * (r[2] - z0)))) / 3
+    loss, stats = kto_loss(policy, ref, policy_kl, ref_kl, desirable, beta, w_d, w_u)
+    assert loss.item() == pytest.approx(expected, abs=1e-12)
+    assert stats.kl.item() == pytest.approx(z0, abs=1e-12)
+    torch.testing.assert_close(stats.rewards, beta * torch.tensor(r, **f64), atol=1e-12, rtol=0)
+    # the default weights are 1
+    default, _ = kto_loss(policy, ref, policy_kl, ref_kl, desirable, beta)
+    assert default.item() == pytest.approx(((1 - _sigmoid(beta * (r[0] - z0))) + (1 - _sigmoid(beta * (z0 - r[1])))
+                                            + (1 - _sigmoid(beta * (r[2] - z0)))) / 3, abs=1e-12)
+
+
+def test_kto_reference_point_is_clamped_at_zero():
+    f64 = dict(dtype=torch.float64)
+    loss, stats = kto_loss(torch.tensor([2.0], **f64), torch.zeros(1, **f64), torch.tensor([-3.0], **f64),
+                           torch.zeros(1, **f64), torch.tensor([False]), beta=1.0)
+    assert stats.kl.item() == 0.0
+    assert loss.item() == pytest.approx(1 - _sigmoid(0.0 - 2.0), abs=1e-12)
+
+
+@pytest.mark.parametrize(("beta", "w_d", "w_u"), [(0.0, 1.0, 1.0), (-0.1, 1.0, 1.0), (1.0, 0.0, 1.0),
+                                                   (1.0, -1.0, 1.0), (1.0, 1.0, 0.0), (1.0, 1.0, -2.0)])
+def test_kto_loss_refuses_a_setting_that_is_not_positive(beta, w_d, w_u):
+    x = torch.zeros(2)
+    message = f"kto_loss: beta ({beta}) and the weights ({w_d}, {w_u}) must be > 0"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        kto_loss(x, x, x, x, torch.tensor([True, False]), beta, w_d, w_u)
+
+
+def test_kto_loss_accepts_small_positive_settings():
+    x = torch.zeros(2, dtype=torch.float64)
+    loss, _ = kto_loss(x, x, x, x, torch.tensor([True, False]), beta=0.5, desirable_weight=0.5,
+                       undesirable_weight=0.25)
+    assert loss.item() == pytest.approx((0.5 * 0.5 + 0.25 * 0.5) / 2, abs=1e-12)
