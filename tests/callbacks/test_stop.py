@@ -125,3 +125,61 @@ def test_steps_stop_after_an_optimiser_step_into_last_which_ckpt_path_last_resum
     resumed = trainer()
     resumed.fit(BoringModel(), ckpt_path="last")
     assert resumed.global_step == 4
+
+
+class _Logged(__import__("lightning").pytorch.LightningModule):
+    """A linear model that logs its loss every step and is validated every 2 steps."""
+
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch).pow(2).mean()
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val/loss", self.layer(batch).pow(2).mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def _fit_logged(root, *extra, ckpt_path=None):
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader
+
+    from lrlhf.callbacks import ResumableCSVLogger
+
+    torch.manual_seed(0)
+    data = DataLoader(torch.randn(1, 4).repeat(16, 1), batch_size=2)  # every batch alike: any order resumes alike
+    trainer = pl.Trainer(max_steps=5, val_check_interval=2, check_val_every_n_epoch=None, num_sanity_val_steps=0,
+                         logger=ResumableCSVLogger(root, name="", version=""), log_every_n_steps=1,
+                         enable_progress_bar=False, enable_model_summary=False,
+                         callbacks=[*extra, StopOnSignal(stage="sft"),
+                                    ResumableCheckpoint(dirpath=root / "ckpt", every_n_rollouts=100)])
+    trainer.fit(_Logged(), data, data, ckpt_path=ckpt_path)
+    return trainer
+
+
+@pytest.mark.parametrize("signalled_at", [1, 2, 4], ids=["validating-step", "plain-step", "last-step"])
+def test_a_stopped_and_resumed_run_logs_every_row_of_an_uninterrupted_one(tmp_path, signalled_at):
+    """Lightning logs a step's metrics row after the batch-end hooks: the stop raised there lost the row of the
+    step it stopped after (found by the kill soak's SIGTERM reading). The stop now raises once the row is logged,
+    after the validation of a step that ends in one."""
+    import csv
+
+    def rows(root):
+        with open(root / "metrics.csv") as f:
+            return sorted(tuple(sorted((k, v) for k, v in row.items() if v != "")) for row in csv.DictReader(f))
+
+    _fit_logged(tmp_path / "straight")
+    with pytest.raises(TrainingStopped) as stopped:
+        _fit_logged(tmp_path / "split", BatchSignal(signalled_at))
+    assert (stopped.value.unit, stopped.value.done) == ("step", signalled_at + 1)
+    assert os.readlink(tmp_path / "split" / "ckpt" / "last.ckpt") == f"rollout={signalled_at + 1:06d}.ckpt"
+    logged = rows(tmp_path / "split")
+    assert sum(("step", str(signalled_at)) in row for row in logged) >= 1  # its row, before the stop
+    _fit_logged(tmp_path / "split", ckpt_path="last")
+    assert rows(tmp_path / "split") == rows(tmp_path / "straight")

@@ -16,6 +16,12 @@ A scheduler sends SIGTERM before it preempts a job or its time runs out (SLURM: 
    for SIGINT): no export, no summary. ``lrlhf.run.cli.main`` prints :meth:`TrainingStopped.message`: the same
    command with ``hydra.run.dir=<run folder> ckpt_path=last``.
 
+When: Lightning logs a step's metrics row after the batch-end hooks, so the stop raises only once the row is
+logged -- at the next batch start (prompts only, before any rollout) or the end of training -- and
+``ResumableCheckpoint``'s ``last.ckpt`` points at the boundary's checkpoint only then (a kill in between resumes
+before the step). A boundary that ends in a validation stops after it (``on_validation_end``), its checkpoint
+written after it: saved before, the resumed run would skip the validation and its row.
+
 A second SIGINT raises ``KeyboardInterrupt`` at once (no new checkpoint; the last periodic one stands); a second
 SIGTERM changes nothing (the stop is under way).
 
@@ -41,7 +47,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
+from lrlhf.callbacks.checkpoint import ResumableCheckpoint, _validates_after_this_batch, atomic_save_checkpoint
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -92,6 +98,8 @@ class StopOnSignal(Callback):
         self._previous: dict[int, object] = {}
         self._announce = True
         self._step_at_batch_start = -1
+        self._stopping: int | None = None  # the signal of a stop decided at a boundary, raised once its row is logged
+        self._checkpoint: tuple[Path, str] | None = None
 
     # ----------------------------------------------------------------------------------- handlers
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -126,6 +134,8 @@ class StopOnSignal(Callback):
         self._previous = {}
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._stopping is not None:
+            self._stop(trainer, pl_module)
         self._restore()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -136,6 +146,8 @@ class StopOnSignal(Callback):
 
     # ---------------------------------------------------------------------------------- the stop
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._stopping is not None:  # the boundary's row is logged now
+            self._stop(trainer, pl_module)
         self._step_at_batch_start = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -143,8 +155,22 @@ class StopOnSignal(Callback):
             return  # mid gradient accumulation (the same on every rank): the gradients would be in no checkpoint
         if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
             return
-        signum = self.received if self.received is not None else signal.SIGTERM  # another rank's signal
-        checkpoint, resume_key = self._save(trainer, pl_module)
+        self._stopping = self.received if self.received is not None else signal.SIGTERM  # another rank's signal
+        if not _validates_after_this_batch(trainer):  # else saved after the validation (on_validation_end)
+            self._checkpoint = self._save(trainer, pl_module, point_last=False)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if self._stopping is not None and not trainer.sanity_checking:
+            self._stop(trainer, pl_module)
+
+    def _stop(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._checkpoint is None:  # the boundary's validation: after it, or it did not run after all
+            self._checkpoint = self._save(trainer, pl_module)
+        checkpoint, resume_key = self._checkpoint
+        resumable = next((c for c in trainer.checkpoint_callbacks if isinstance(c, ResumableCheckpoint)), None)
+        if resumable is not None:
+            resumable.point_last(trainer, checkpoint)
+        signum, self._stopping, self._checkpoint = self._stopping, None, None
         self._restore()
         rollouts = getattr(pl_module, "rollouts_done", None)
         unit, done = ("rollout", int(rollouts)) if rollouts is not None else ("step", trainer.global_step)
@@ -152,16 +178,17 @@ class StopOnSignal(Callback):
                               trainer.is_global_zero)
 
     @staticmethod
-    def _save(trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[Path, str]:
-        """Write the checkpoint (a collective); its path and the ``ckpt_path`` value that resumes from it."""
+    def _save(trainer: pl.Trainer, pl_module: pl.LightningModule, point_last: bool = True) -> tuple[Path, str]:
+        """Write the checkpoint (a collective); its path and the ``ckpt_path`` value that resumes from it.
+        ``point_last=False``: a ``ResumableCheckpoint``'s ``last.ckpt`` is left for :meth:`_stop` to point."""
         callbacks = trainer.checkpoint_callbacks
         resumable = next((c for c in callbacks if isinstance(c, ResumableCheckpoint)), None)
         if resumable is not None:
             rollouts = ResumableCheckpoint._rollouts(trainer, pl_module)
             path = Path(resumable.dirpath) / f"rollout={rollouts:06d}.ckpt"
             if resumable.last_model_path != str(path):  # not written at this boundary by the periodic save
-                path = resumable.save(trainer, rollouts)
-            else:  # written, last.ckpt not yet pointing at it (it waits for the step's row)
+                path = resumable.save(trainer, rollouts, point_last=point_last)
+            elif point_last:  # written, last.ckpt not yet pointing at it (it waits for the step's row)
                 resumable.point_last(trainer, path)
             return path, "last"
         plain = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.dirpath), None)
