@@ -60,3 +60,23 @@ def test_response_masks_are_built_on_the_responses_device(resp_len):
     masks = response_masks(ids, eos_token_id=[2, 5])
     for name, field in masks._asdict().items():
         assert field.device.type == "meta", name
+
+
+class _Seen(Exception):
+    pass
+
+
+@pytest.mark.parametrize("eos", [7, [7, 9]], ids=["one-id", "several-ids"])
+def test_the_eos_ids_are_built_on_the_responses_device(monkeypatch, eos):
+    """On CUDA, EOS ids left on the CPU make ``torch.isin`` raise; on a CPU (and on meta tensors) it accepts them,
+    so the device is read off the call: both operands on the responses' device."""
+    seen = {}
+
+    def spy(elements, test_elements, *args, **kwargs):
+        seen["devices"] = (elements.device.type, test_elements.device.type)
+        raise _Seen
+
+    monkeypatch.setattr(torch, "isin", spy)
+    with pytest.raises(_Seen):
+        response_masks(torch.empty(2, 3, dtype=torch.long, device="meta"), eos)
+    assert seen["devices"] == ("meta", "meta")

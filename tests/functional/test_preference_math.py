@@ -92,3 +92,22 @@ def test_bootstrap_interval_of_one_value_is_that_value():
 def test_bootstrap_interval_rejects_no_values():
     with pytest.raises(ValueError, match="^bootstrap_interval needs at least one value$"):
         bootstrap_interval([])
+
+
+class _Seen(Exception):
+    pass
+
+
+def test_the_margin_summary_asks_its_quantiles_on_the_margins_device(monkeypatch):
+    """Quantile levels left on the CPU make ``torch.quantile`` raise beside CUDA margins: both on the margins'
+    device (read off the call on meta margins, which hold no values to summarise)."""
+    seen = {}
+
+    def spy(values, q, *args, **kwargs):
+        seen["devices"] = (values.device.type, q.device.type, q.dtype)
+        raise _Seen
+
+    monkeypatch.setattr(torch, "quantile", spy)
+    with pytest.raises(_Seen):
+        margin_summary(torch.empty(4, dtype=torch.float64, device="meta"))
+    assert seen["devices"] == ("meta", "meta", torch.float64)
