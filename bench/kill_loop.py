@@ -1,7 +1,7 @@
 """SIGKILL runs of every recipe again and again, at every phase of every write they make, resume each time with
 ``ckpt_path=last``, and check that nothing was lost.
 
-``python bench/kill_loop.py --out /tmp/killloop [--recipes ppo_lora,sft,...] [--kills 6] [--seed 0]``
+``python bench/kill_loop.py --out /tmp/killloop [--recipes ppo_lora,sft,...] [--kills 6] [--faults 3] [--seed 0]``
 
 For each entry of :data:`RECIPES` (``--recipes``; SFT, RM, DPO, KTO, RLOO, GRPO with dynamic sampling, PPO, the RM
 ensemble, iterative PPO labelled by a rule and through the file exchange, GRPO on instruction constraints), two runs
@@ -19,6 +19,10 @@ folder and ``TMPDIR``:
   run rebuilds them; they must come out bitwise alike. A launch the kill did not reach (the run ended first) is
   counted as such and the next kill is tried. A file-exchange round stops for its labels: the bench labels the file
   (longer answer preferred, as the straight run) and launches again, as a person would.
+- **storage faults** (``--faults`` per recipe, in the same killed run): at the n-th commit of a kind the storage
+  refuses the write (``ENOSPC``, ``EROFS`` or ``EACCES`` raised in place of the rename, in turn): the launch must end
+  with exit status 1 and exactly one line ``lrlhf: error: cannot write <path>: ...`` and no traceback; the next
+  launch (room again) resumes.
 
 Checked and printed: every exported weight file bitwise equal; every ``metrics.csv`` with the same rows, every column
 but wall-clock speeds (tokens per second); every JSON / JSON lines / markdown file of the run folder equal once the
@@ -164,16 +168,28 @@ def straight(name: str, base: Path, tiny_real: Path | None) -> tuple[float, dict
     return time.perf_counter() - start, counts
 
 
-def schedule(counts: dict[str, int], kills: int, rng: random.Random) -> list[tuple[str, str, int]]:
+#: the storage's refusals a fault plan raises in place of a rename (bench/killhook), in turn
+FAULTS = ("ENOSPC", "EROFS", "EACCES")
+
+
+def _draw(pairs: list, n: int, rng: random.Random) -> list:
+    drawn = []
+    while pairs and len(drawn) < n:
+        rng.shuffle(pairs)
+        drawn += pairs[:n - len(drawn)]
+    return drawn
+
+
+def schedule(counts: dict[str, int], kills: int, rng: random.Random, faults: int = 0) -> list[tuple[str, str, int]]:
     """``kills`` kill plans (kind or mode, phase, n): a seeded draw of the (kind, phase) pairs the straight run
-    made, every pair once before any twice, put in the order a run makes them (the cache's kinds first, then
-    training's, the run's exports and files last)."""
+    made, every pair once before any twice; then ``faults`` storage-fault plans (kind, errno name, n), kinds drawn
+    alike; all put in the order a run makes them (the cache's kinds first, then training's, the run's exports and
+    files last)."""
     pairs = [(kind, phase) for kind in KINDS if counts.get(kind) for phase in ("before", "after")]
     pairs += [("checkpoint bytes", "during"), ("random", "after a rollout")]
-    drawn = []
-    while len(drawn) < kills:
-        rng.shuffle(pairs)
-        drawn += pairs[:kills - len(drawn)]
+    drawn = _draw(pairs, kills, rng)
+    kinds = _draw([kind for kind in KINDS if counts.get(kind)], faults, rng)
+    drawn += [(kind, FAULTS[i % len(FAULTS)]) for i, kind in enumerate(kinds)]
     first = ["world build", "stage checkpoint", "stage export", "stage files", "stage registration"]
     drawn.sort(key=lambda p: (first.index(p[0]) if p[0] in first else len(first), p[0] in ("export", "run files")))
     return [(kind, phase, rng.randint(1, min(3, counts.get(kind, 1)))) for kind, phase in drawn]
@@ -211,17 +227,25 @@ def killed(name: str, base: Path, plans: list, tiny_real: Path | None, rng: rand
                     break
                 time.sleep(0.01)
             _, err = proc.communicate()
-            if proc.returncode == 1 and label_waiting_file(base / "run"):
+            stops = [line for line in err.splitlines() if line.startswith("lrlhf: error: cannot write ")]
+            if proc.returncode == 1 and not stops and label_waiting_file(base / "run"):
                 continue  # a file-exchange round waited for its labels: labelled, the same kill plan again
             break
+        entry = {"kind": kind, "phase": phase, "n": nth}
         if proc.returncode == -signal.SIGKILL:
             outcome = "killed"
         elif proc.returncode == 0:
             outcome = "not reached (the launch ended first)"
+        elif phase in FAULTS and proc.returncode == 1 and len(stops) == 1 and "Traceback" not in err:
+            outcome, entry["line"] = "refused", stops[0].replace(str(base), "<base>")
+        elif phase in FAULTS:  # the storage's refusal not reported in one line: a failed check, not an abort
+            outcome, entry["stderr"] = "BAD STOP", err[-3000:]
         else:
             raise SystemExit(f"{name}: a launch failed (exit {proc.returncode}) after {log}:\n{err[-3000:]}")
-        log.append({"kind": kind, "phase": phase, "n": nth, "outcome": outcome})
-        print(f"{name} kill {len(log)}: {kind} {phase} (n={nth}) -> {outcome}", flush=True)
+        log.append({**entry, "outcome": outcome})
+        said = f": {entry['line']}" if "line" in entry else f"\n{entry['stderr']}" if "stderr" in entry else ""
+        what = "fault" if phase in FAULTS else "kill"
+        print(f"{name} {what} {len(log)}: {kind} {phase} (n={nth}) -> {outcome}{said}", flush=True)
     run_to_end(name, base, tiny_real)
     return log, time.perf_counter() - start
 
@@ -276,17 +300,21 @@ def _orphans(base: Path, straight: Path) -> list[str]:
     return found
 
 
-def soak(name: str, out: Path, kills: int, rng: random.Random, tiny_real: Path | None) -> tuple[bool, list]:
-    """One recipe's straight and killed runs and their comparison, printed; whether every check holds, the kills."""
+def soak(name: str, out: Path, kills: int, rng: random.Random, tiny_real: Path | None,
+         faults: int = 0) -> tuple[bool, list]:
+    """One recipe's straight and killed runs and their comparison, printed; whether every check holds, the kills
+    and faults."""
     t_straight, counts = straight(name, out / "straight", tiny_real)
     print(f"{name}: straight run {t_straight:.1f} s; commits by kind {counts}", flush=True)
-    log, t_killed = killed(name, out / "killed", schedule(counts, kills, rng), tiny_real, rng)
+    log, t_killed = killed(name, out / "killed", schedule(counts, kills, rng, faults), tiny_real, rng)
     a, b = out / "straight" / "run", out / "killed" / "run"
     weights_a, weights_b = _weights(a), _weights(b)
     metrics_a, metrics_b = _metrics(a), _metrics(b)
     texts_a, texts_b = _texts(a, out / "straight"), _texts(b, out / "killed")
     checks = {
         "kills": sum(e["outcome"] == "killed" for e in log),
+        "storage faults refused in one line": sum(e["outcome"] == "refused" for e in log),
+        "storage faults badly stopped": [f"{e['kind']} {e['phase']}" for e in log if e["outcome"] == "BAD STOP"],
         "weight files": len(weights_a),
         "weights bitwise equal": bool(weights_a) and weights_a == weights_b,
         "metrics.csv files, rows": {k: (len(v), len(metrics_b.get(k, []))) for k, v in metrics_a.items()},
@@ -298,7 +326,8 @@ def soak(name: str, out: Path, kills: int, rng: random.Random, tiny_real: Path |
     print(json.dumps({"recipe": name, "straight_s": round(t_straight, 1), "killed_total_s": round(t_killed, 1),
                       **checks}, indent=2, default=str))
     ok = (checks["weights bitwise equal"] and checks["metrics equal (every row, every column)"]
-          and not checks["json/jsonl/md files differing"] and not checks["orphans"])
+          and not checks["json/jsonl/md files differing"] and not checks["orphans"]
+          and not checks["storage faults badly stopped"])
     print(f"{name}: {'PASS' if ok else 'FAIL'}", flush=True)
     return ok, log
 
@@ -332,6 +361,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=Path("/tmp/killloop"))
     parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
     parser.add_argument("--kills", type=int, default=6, help="kill plans per recipe")
+    parser.add_argument("--faults", type=int, default=0, help="storage-fault plans per recipe")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny-real", type=Path, help="grpo_constraints' model folder (default: built under --out)")
     args = parser.parse_args()
@@ -345,10 +375,13 @@ def main() -> int:
         sys.path.insert(0, str(ROOT / "src"))
         tiny_real = tiny_real_model(args.out / "tiny_real")
     rng = random.Random(args.seed)
-    results = {name: soak(name, args.out / name, args.kills, rng, tiny_real) for name in names}
+    results = {name: soak(name, args.out / name, args.kills, rng, tiny_real, args.faults) for name in names}
     covered = sorted({(e["kind"], e["phase"]) for _, log in results.values() for e in log if e["outcome"] == "killed"})
     total = sum(e["outcome"] == "killed" for _, log in results.values() for e in log)
     print(f"{total} kills over {len(names)} recipes; (kind, phase) killed: {covered}")
+    refused = sorted({(e["kind"], e["phase"]) for _, log in results.values() for e in log if e["outcome"] == "refused"})
+    faults = sum(e["outcome"] == "refused" for _, log in results.values() for e in log)
+    print(f"{faults} storage faults refused in one line; (kind, errno): {refused}")
     failed = [name for name, (ok, _) in results.items() if not ok]
     print("ALL PASS" if not failed else f"FAIL: {failed}")
     return 0 if not failed else 1

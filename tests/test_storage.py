@@ -31,7 +31,10 @@ def test_an_atomic_write_the_disk_refuses_names_the_path_and_keeps_the_old_file(
         atomic_write_text(target, "new")
     assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
     monkeypatch.setattr(io.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EROFS, "Read-only")))
-    with pytest.raises(StorageError, match="the file system is read-only"):
+    with pytest.raises(StorageError, match="the file system is read-only .*: make it writable and run the same"):
+        atomic_write_text(target, "new")
+    monkeypatch.setattr(io.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EACCES, "Permission denied")))
+    with pytest.raises(StorageError, match="no permission to write there .*: give this user write permission there"):
         atomic_write_text(target, "new")
     monkeypatch.setattr(io.os, "fsync", lambda fd: (_ for _ in ()).throw(OSError(errno.EIO, "I/O error")))
     with pytest.raises(OSError, match="I/O error") as other:  # not the storage's refusal: as it was

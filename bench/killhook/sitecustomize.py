@@ -6,10 +6,13 @@ folder swap, a stage's cache registration, a round's and a labelled file, summar
 ``LRLHF_KILL_AT="<regex>|<n>|<before or after>"`` this process kills itself at the n-th ``os.replace`` whose
 destination matches ``regex`` (``re.search``), just before the rename (the new bytes complete and fsynced, not yet in
 place) or just after it (in place, nothing after it done: the folder's fsync, the next rename of a swap, the
-bookkeeping). With ``LRLHF_REPLACE_LOG=<file>`` it appends each destination to that file, one per line.
-Nothing else changes: without either variable this module does nothing.
+bookkeeping). A phase that names a storage errno (``ENOSPC``, ``EROFS``, ``EACCES``) raises that ``OSError`` in place
+of the rename instead: the storage refusing the write (bench/kill_loop.py's storage faults). With
+``LRLHF_REPLACE_LOG=<file>`` it appends each destination to that file, one per line. Nothing else changes: without
+either variable this module does nothing.
 """
 
+import errno
 import os
 import re
 import signal
@@ -21,8 +24,9 @@ if _SPEC or _LOG:
     _real_replace = os.replace
     _pattern, _nth, _phase = _SPEC.rsplit("|", 2) if _SPEC else ("(?!)", "0", "before")
     _regex, _nth, _seen = re.compile(_pattern), int(_nth), 0
-    if _phase not in ("before", "after"):
-        raise SystemExit(f"LRLHF_KILL_AT={_SPEC!r}: the phase is 'before' or 'after'")
+    _FAULTS = {"ENOSPC": errno.ENOSPC, "EROFS": errno.EROFS, "EACCES": errno.EACCES}
+    if _phase not in ("before", "after", *_FAULTS):
+        raise SystemExit(f"LRLHF_KILL_AT={_SPEC!r}: the phase is 'before', 'after' or one of {', '.join(_FAULTS)}")
 
     def _replace(src, dst, *args, **kwargs):
         global _seen
@@ -36,6 +40,8 @@ if _SPEC or _LOG:
             hit = _seen == _nth
         if hit and _phase == "before":
             os.kill(os.getpid(), signal.SIGKILL)
+        if hit and _phase in _FAULTS:
+            raise OSError(_FAULTS[_phase], os.strerror(_FAULTS[_phase]), target)
         _real_replace(src, dst, *args, **kwargs)
         if hit and _phase == "after":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -54,12 +54,14 @@ def storage_error(err: BaseException, path: str | Path, needed: int | None = Non
     full = free is not None and free < max(needed or 0, 1 << 20)
     if code not in STORAGE_ERRNOS and not full:
         return None
-    what = {errno.EROFS: "the file system is read-only", errno.EACCES: "no permission to write there",
-            errno.EPERM: "no permission to write there"}.get(code, "no space left on the device")
+    what, fix = {errno.EROFS: ("the file system is read-only", "make it writable"),
+                 errno.EACCES: ("no permission to write there", "give this user write permission there"),
+                 errno.EPERM: ("no permission to write there", "give this user write permission there"),
+                 }.get(code, ("no space left on the device", "give it room"))
     need = f", the write needs about {_size(needed)}" if needed else ""
     room = f" ({_size(free)} free there{need})" if free is not None else ""
     return StorageError(code or errno.ENOSPC, f"cannot write {path}: {what}{room}. Nothing complete was replaced "
-                        "(writes are atomic): give it room and run the same command again (a training run resumes "
+                        f"(writes are atomic): {fix} and run the same command again (a training run resumes "
                         "from its last complete checkpoint with ckpt_path=last)")
 
 
