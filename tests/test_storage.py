@@ -15,7 +15,7 @@ from test_cli import _tiny, _train
 
 from lrlhf.callbacks.checkpoint_io import save_local
 from lrlhf.utils import io
-from lrlhf.utils.io import StorageError, atomic_write_text
+from lrlhf.utils.io import StorageError, atomic_save_folder, atomic_write_text
 
 
 def test_an_atomic_write_the_disk_refuses_names_the_path_and_keeps_the_old_file(tmp_path, monkeypatch):
@@ -40,6 +40,20 @@ def test_an_atomic_write_the_disk_refuses_names_the_path_and_keeps_the_old_file(
     with pytest.raises(OSError, match="I/O error") as other:  # not the storage's refusal: as it was
         atomic_write_text(target, "new")
     assert not isinstance(other.value, StorageError)
+
+
+def test_a_folder_the_disk_refuses_is_named_not_its_hidden_temporary(tmp_path):
+    """A world, stage or export folder is filled in a hidden temporary beside it: the one line names the folder."""
+    target = tmp_path / "worlds" / "seed0"
+    atomic_save_folder(target, lambda d: (d / "a.jsonl").write_text("old"))
+
+    def full(folder):
+        atomic_write_text(folder / "b.jsonl", "x")
+        raise OSError(errno.ENOSPC, "No space left on device", str(folder / "c.jsonl"))
+
+    with pytest.raises(StorageError, match=rf"^cannot write {target}: no space left on the device \("):
+        atomic_save_folder(target, full)
+    assert sorted(p.name for p in target.parent.iterdir()) == ["seed0"] and (target / "a.jsonl").read_text() == "old"
 
 
 def test_a_checkpoint_the_full_disk_cuts_short_is_named_as_such_and_the_last_one_kept(tmp_path, monkeypatch):

@@ -155,7 +155,8 @@ def atomic_save_folder(target: str | Path, save: Callable[[Path], None]) -> Path
     """Let ``save(tmp_dir)`` fill a temporary folder next to ``target``, then swap it in place.
 
     The old ``target`` is removed only after ``save`` succeeded, so a failure leaves it untouched; a crash
-    during the swap itself is repaired by :func:`recover_folder` (called here first, and by readers).
+    during the swap itself is repaired by :func:`recover_folder` (called here first, and by readers). A write the
+    storage refuses is reported as a :class:`StorageError` naming ``target`` (not the hidden temporary folder).
     """
     target = recover_folder(target)
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -165,8 +166,11 @@ def atomic_save_folder(target: str | Path, save: Callable[[Path], None]) -> Path
         save(tmp)
         os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700
         swap_folder_in(tmp, target)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        refused = storage_error(err, target) if isinstance(err, OSError) else None
+        if refused is not None:
+            raise refused from err
         raise
     return target
 
