@@ -292,11 +292,19 @@ def _texts(run: Path, base: Path) -> dict[str, object]:
     return out
 
 
+def _torchs_own(path: Path) -> bool:
+    """torch <= 2.9 makes a ``TemporaryDirectory`` holding ``_remote_module_non_scriptable.py`` when
+    torch.distributed.nn is imported, removed at a normal exit only: a SIGKILLed launch leaves it (not lrlhf's)."""
+    folder = path if path.is_dir() else path.parent
+    return folder.name.startswith("tmp") and {p.name for p in folder.iterdir()} == {"_remote_module_non_scriptable.py"}
+
+
 def _orphans(base: Path, straight: Path) -> list[str]:
     found = [str(p) for p in base.rglob("*") if re.search(r"(\.building|\.partial|\.tmp|\.old|\.writing|\.link)$",
                                                           p.name)]
     expected = {p.relative_to(straight / "tmp") for p in (straight / "tmp").rglob("*")}
-    found += [str(p) for p in (base / "tmp").rglob("*") if p.relative_to(base / "tmp") not in expected]
+    found += [str(p) for p in (base / "tmp").rglob("*") if p.relative_to(base / "tmp") not in expected
+              and not _torchs_own(p)]
     return found
 
 
