@@ -1,7 +1,8 @@
 """SIGKILL runs of every recipe again and again, at every phase of every write they make, resume each time with
 ``ckpt_path=last``, and check that nothing was lost.
 
-``python bench/kill_loop.py --out /tmp/killloop [--recipes ppo_lora,sft,...] [--kills 6] [--faults 3] [--seed 0]``
+``python bench/kill_loop.py --out /tmp/killloop [--recipes ppo_lora,sft,...] [--kills 6] [--faults 3] [--seed 0]
+[--kinds "round files,labelled files"]``
 
 For each entry of :data:`RECIPES` (``--recipes``; SFT, RM, DPO, KTO, RLOO, GRPO with dynamic sampling, PPO, the RM
 ensemble, iterative PPO labelled by a rule and through the file exchange, GRPO on instruction constraints), two runs
@@ -180,16 +181,18 @@ def _draw(pairs: list, n: int, rng: random.Random) -> list:
     return drawn
 
 
-def schedule(counts: dict[str, int], kills: int, rng: random.Random, faults: int = 0) -> list[tuple[str, str, int]]:
+def schedule(counts: dict[str, int], kills: int, rng: random.Random, faults: int = 0,
+             kinds: set[str] | None = None) -> list[tuple[str, str, int]]:
     """``kills`` kill plans (kind or mode, phase, n): a seeded draw of the (kind, phase) pairs the straight run
     made, every pair once before any twice; then ``faults`` storage-fault plans (kind, errno name, n), kinds drawn
     alike; all put in the order a run makes them (the cache's kinds first, then training's, the run's exports and
-    files last)."""
+    files last). ``kinds``: only these kinds (and modes)."""
     pairs = [(kind, phase) for kind in KINDS if counts.get(kind) for phase in ("before", "after")]
     pairs += [("checkpoint bytes", "during"), ("random", "after a rollout")]
+    pairs = [(kind, phase) for kind, phase in pairs if kinds is None or kind in kinds]
     drawn = _draw(pairs, kills, rng)
-    kinds = _draw([kind for kind in KINDS if counts.get(kind)], faults, rng)
-    drawn += [(kind, FAULTS[i % len(FAULTS)]) for i, kind in enumerate(kinds)]
+    chosen = _draw([kind for kind in KINDS if counts.get(kind) and (kinds is None or kind in kinds)], faults, rng)
+    drawn += [(kind, FAULTS[i % len(FAULTS)]) for i, kind in enumerate(chosen)]
     first = ["world build", "stage checkpoint", "stage export", "stage files", "stage registration"]
     drawn.sort(key=lambda p: (first.index(p[0]) if p[0] in first else len(first), p[0] in ("export", "run files")))
     return [(kind, phase, rng.randint(1, min(3, counts.get(kind, 1)))) for kind, phase in drawn]
@@ -309,12 +312,12 @@ def _orphans(base: Path, straight: Path) -> list[str]:
 
 
 def soak(name: str, out: Path, kills: int, rng: random.Random, tiny_real: Path | None,
-         faults: int = 0) -> tuple[bool, list]:
+         faults: int = 0, kinds: set[str] | None = None) -> tuple[bool, list]:
     """One recipe's straight and killed runs and their comparison, printed; whether every check holds, the kills
     and faults."""
     t_straight, counts = straight(name, out / "straight", tiny_real)
     print(f"{name}: straight run {t_straight:.1f} s; commits by kind {counts}", flush=True)
-    log, t_killed = killed(name, out / "killed", schedule(counts, kills, rng, faults), tiny_real, rng)
+    log, t_killed = killed(name, out / "killed", schedule(counts, kills, rng, faults, kinds), tiny_real, rng)
     a, b = out / "straight" / "run", out / "killed" / "run"
     weights_a, weights_b = _weights(a), _weights(b)
     metrics_a, metrics_b = _metrics(a), _metrics(b)
@@ -370,6 +373,8 @@ def main() -> int:
     parser.add_argument("--recipes", default=",".join(RECIPES), help=f"comma-separated, of {', '.join(RECIPES)}")
     parser.add_argument("--kills", type=int, default=6, help="kill plans per recipe")
     parser.add_argument("--faults", type=int, default=0, help="storage-fault plans per recipe")
+    parser.add_argument("--kinds", help=f"comma-separated: aim only at these, of {', '.join(KINDS)}, checkpoint "
+                        "bytes, random")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tiny-real", type=Path, help="grpo_constraints' model folder (default: built under --out)")
     args = parser.parse_args()
@@ -383,7 +388,10 @@ def main() -> int:
         sys.path.insert(0, str(ROOT / "src"))
         tiny_real = tiny_real_model(args.out / "tiny_real")
     rng = random.Random(args.seed)
-    results = {name: soak(name, args.out / name, args.kills, rng, tiny_real, args.faults) for name in names}
+    kinds = set(args.kinds.split(",")) if args.kinds else None
+    if kinds and kinds - {*KINDS, "checkpoint bytes", "random"}:
+        parser.error(f"--kinds: unknown {sorted(kinds - {*KINDS, 'checkpoint bytes', 'random'})}")
+    results = {name: soak(name, args.out / name, args.kills, rng, tiny_real, args.faults, kinds) for name in names}
     covered = sorted({(e["kind"], e["phase"]) for _, log in results.values() for e in log if e["outcome"] == "killed"})
     total = sum(e["outcome"] == "killed" for _, log in results.values() for e in log)
     print(f"{total} kills over {len(names)} recipes; (kind, phase) killed: {covered}")
