@@ -102,11 +102,13 @@ KINDS = {
 }
 
 
+def pattern(kind: str, base: Path) -> str:
+    """The regex of a kind's commits under the runs' base folder ``base``."""
+    return KINDS[kind][0].format(b=re.escape(str(base)))
+
+
 def kind_of(path: str, base: Path) -> str | None:
-    for kind, (pattern, _) in KINDS.items():
-        if re.search(pattern.format(b=re.escape(str(base))), path):
-            return kind
-    return None
+    return next((kind for kind in KINDS if re.search(pattern(kind, base), path)), None)
 
 
 def command(name: str, run: Path, resume: bool, tiny_real: Path | None) -> list[str]:
@@ -213,7 +215,7 @@ def killed(name: str, base: Path, plans: list, tiny_real: Path | None, rng: rand
                 shutil.rmtree(base / "cache" / "worlds", ignore_errors=True)
         env = {}
         if kind in KINDS:
-            env["LRLHF_KILL_AT"] = f"{KINDS[kind][0].format(b=re.escape(str(base)))}|{nth}|{phase}"
+            env["LRLHF_KILL_AT"] = f"{pattern(kind, base)}|{nth}|{phase}"
         while True:
             ckpts = {p: p.stat().st_mtime_ns for p in (base / "run").rglob("*.ckpt")} if (base / "run").is_dir() else {}
             proc, kill_at, hit = launch(name, base, tiny_real, **env), None, None

@@ -25,6 +25,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EQUIVALENTS = ROOT / "bench" / "mutation_equivalents.txt"
 CATEGORIES = ("equivalent", "message text")
 #: ``<name>  <mutated line, which may hold a # comment>  # <category>: <why>``
-LINE = re.compile(rf"^(\S+)\s+(.*?)\s+#\s*((?:{'|'.join(CATEGORIES)}):.+)$")
+LINE = re.compile(rf"^(\S+)\s+(.*?)\s+#\s*({'|'.join(CATEGORIES)}):\s*(.+)$")
 
 
 def mutmut(*args: str, capture: bool = True) -> str:
@@ -52,8 +53,8 @@ def mutated_line(diff: str) -> str:
     return ""
 
 
-def equivalents() -> dict[str, tuple[str, str]]:
-    """``{mutant name: (mutated line, why)}`` from bench/mutation_equivalents.txt (``#`` lines are comments)."""
+def equivalents() -> dict[str, tuple[str, str, str]]:
+    """``{mutant name: (mutated line, category, why)}`` from bench/mutation_equivalents.txt (``#``: comments)."""
     out = {}
     if EQUIVALENTS.is_file():
         for number, line in enumerate(EQUIVALENTS.read_text().splitlines(), 1):
@@ -63,7 +64,7 @@ def equivalents() -> dict[str, tuple[str, str]]:
             if match is None:
                 raise SystemExit(f"{EQUIVALENTS}:{number}: expected '<mutant>  <mutated line>  # <category>: why', "
                                  f"a category of {CATEGORIES}")
-            out[match[1]] = (match[2], match[3])
+            out[match[1]] = (match[2], match[3], match[4])
     return out
 
 
@@ -95,10 +96,7 @@ def main() -> int:
     total = stats["total"]
     denominator = total - len(equivalent)
     score = stats["killed"] / denominator if denominator else float("nan")
-    categories: dict[str, int] = {}
-    for name, _, _ in equivalent:
-        category = listed[name][1].split(":", 1)[0].strip()
-        categories[category] = categories.get(category, 0) + 1
+    categories = dict(Counter(listed[name][1] for name, _, _ in equivalent))
     for (name, status, diff), note in [(m, "") for m in open_] + [(m, " (listed as equivalent: its line changed)")
                                                                    for m in stale]:
         print(f"\n=== {name}: {status}{note}")

@@ -51,3 +51,37 @@ def make_trainer(tmp_path, rollouts, module, callbacks=(), **kw):
                       enable_checkpointing=any(isinstance(c, ModelCheckpoint) for c in callbacks),
                       enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
                       limit_val_batches=0, default_root_dir=tmp_path, **kw)
+
+
+class LinearValidated(pl.LightningModule):
+    """A linear model that logs its loss every step, for Trainers validating every few steps; ``fail_at`` makes the
+    validation at that global step raise (a kill), ``die_after`` the end of that step's batch (after the callbacks'
+    batch-end hooks, before Lightning logs the step's row)."""
+
+    def __init__(self, fail_at=None, die_after=None):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+        self.fail_at, self.die_after = fail_at, die_after
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        if self.trainer.global_step == self.die_after:
+            raise RuntimeError("killed before the step's row was logged")
+
+    def training_step(self, batch, batch_idx):
+        loss = self.layer(batch).pow(2).mean()
+        self.log("train/loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        if self.trainer.global_step == self.fail_at:
+            raise RuntimeError("killed during the validation")
+        self.log("val/loss", self.layer(batch).pow(2).mean())
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def linear_data():
+    """16 equal rows in batches of 2: any order of batches trains alike, so a resumed run equals a straight one."""
+    torch.manual_seed(0)
+    return torch.utils.data.DataLoader(torch.randn(1, 4).repeat(16, 1), batch_size=2)

@@ -15,7 +15,7 @@ from lrlhf.functional import AdaptiveKLController, FixedKLController
 from lrlhf.modules import PPOModule
 from lrlhf.modules.rm import RewardCalibration
 
-from .conftest import make_data, make_module, make_trainer
+from .conftest import LinearValidated, linear_data, make_data, make_module, make_trainer
 
 
 class RecordSamples(PPOModule):
@@ -186,38 +186,11 @@ def test_a_resume_that_trains_nothing_still_has_the_last_logged_figures(world, t
     assert {k: float(trainer.callback_metrics[k]) for k in logged} == logged
 
 
-class _Validated(__import__("lightning").pytorch.LightningModule):
-    """A linear model validated every 2 steps; ``fail_at`` makes the validation at that step raise (a kill),
-    ``die_after`` the end of that step's batch (after the callbacks' batch-end hooks)."""
-
-    def __init__(self, fail_at=None, die_after=None):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-        self.fail_at, self.die_after = fail_at, die_after
-
-    def on_train_batch_end(self, outputs, batch, batch_idx):  # after every callback's, before the row is logged
-        if self.trainer.global_step == self.die_after:
-            raise RuntimeError("killed before the step's row was logged")
-
-    def training_step(self, batch, batch_idx):
-        return self.layer(batch).pow(2).mean()
-
-    def validation_step(self, batch, batch_idx):
-        if self.trainer.global_step == self.fail_at:
-            raise RuntimeError("killed during the validation")
-        self.log("val/loss", self.layer(batch).pow(2).mean())
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 def _fit_validated(root, fail_at=None, ckpt_path=None, die_after=None):
     import lightning.pytorch as pl
-    from torch.utils.data import DataLoader
 
-    torch.manual_seed(0)
-    data = DataLoader(torch.randn(1, 4).repeat(16, 1), batch_size=2)  # every batch alike: any order resumes alike
-    module = _Validated(fail_at, die_after)
+    data = linear_data()
+    module = LinearValidated(fail_at, die_after)
     trainer = pl.Trainer(max_steps=4, val_check_interval=2, check_val_every_n_epoch=None, num_sanity_val_steps=0,
                          logger=False, enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[ResumableCheckpoint(dirpath=root / "ckpt", keep_last_k=10)])

@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lrlhf.callbacks import ResumableCheckpoint, StopOnSignal, TrainingStopped
 from lrlhf.functional import AdaptiveKLController
 
-from .conftest import make_data, make_module, make_trainer
+from .conftest import LinearValidated, linear_data, make_data, make_module, make_trainer
 
 pytestmark = pytest.mark.filterwarnings("error::DeprecationWarning:lrlhf", "error::FutureWarning:lrlhf")
 
@@ -127,39 +127,18 @@ def test_steps_stop_after_an_optimiser_step_into_last_which_ckpt_path_last_resum
     assert resumed.global_step == 4
 
 
-class _Logged(__import__("lightning").pytorch.LightningModule):
-    """A linear model that logs its loss every step and is validated every 2 steps."""
-
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        loss = self.layer(batch).pow(2).mean()
-        self.log("train/loss", loss)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        self.log("val/loss", self.layer(batch).pow(2).mean())
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
 def _fit_logged(root, *extra, ckpt_path=None):
     import lightning.pytorch as pl
-    from torch.utils.data import DataLoader
 
     from lrlhf.callbacks import ResumableCSVLogger
 
-    torch.manual_seed(0)
-    data = DataLoader(torch.randn(1, 4).repeat(16, 1), batch_size=2)  # every batch alike: any order resumes alike
+    data = linear_data()
     trainer = pl.Trainer(max_steps=5, val_check_interval=2, check_val_every_n_epoch=None, num_sanity_val_steps=0,
                          logger=ResumableCSVLogger(root, name="", version=""), log_every_n_steps=1,
                          enable_progress_bar=False, enable_model_summary=False,
                          callbacks=[*extra, StopOnSignal(stage="sft"),
                                     ResumableCheckpoint(dirpath=root / "ckpt", every_n_rollouts=100)])
-    trainer.fit(_Logged(), data, data, ckpt_path=ckpt_path)
+    trainer.fit(LinearValidated(), data, data, ckpt_path=ckpt_path)
     return trainer
 
 

@@ -63,6 +63,7 @@ from lrlhf.callbacks.checkpoint_io import (
     fall_back,
 )
 from lrlhf.strategies import is_sharded
+from lrlhf.utils.compat import validates_after_this_batch
 from lrlhf.utils.io import recover_folder, swap_folder_in
 from lrlhf.utils.state import (
     flatten,
@@ -143,17 +144,6 @@ def atomic_save_checkpoint(trainer: pl.Trainer, path: str | Path) -> Path:
         _fsync(path.parent)
     trainer.strategy.barrier("atomic_save_checkpoint")
     return path
-
-
-def _validates_after_this_batch(trainer: pl.Trainer) -> bool:
-    """Whether Lightning validates at the end of the training batch that is ending (its own decision, a private
-    method alike from lightning 2.6.0, our floor, to 2.6.6); False where it cannot be asked."""
-    loop = trainer.fit_loop.epoch_loop
-    decide = getattr(loop, "_should_check_val_fx", None)
-    try:
-        return bool(decide(trainer.fit_loop._data_fetcher)) if decide is not None else False
-    except (AttributeError, TypeError):  # (another version's internals: the save happens at the batch end, as before)
-        return False
 
 
 def _scalar_metrics(metrics: dict) -> dict[str, float]:
@@ -281,7 +271,7 @@ class ResumableCheckpoint(ModelCheckpoint):
             return  # no optimiser step in this batch (gradient accumulation): the gradients are in no checkpoint
         if self._due or (self.save_at_end and self._training_ends(trainer)):
             self._due = False
-            if _validates_after_this_batch(trainer):  # saved once it ran (on_validation_end): see _save_put_off
+            if validates_after_this_batch(trainer):  # saved once it ran (on_validation_end): see _save_put_off
                 self._after_validation = rollouts
             else:  # last.ckpt points at it once the step's row is logged: see _save_put_off
                 self._unpointed = self.save(trainer, rollouts, point_last=False)

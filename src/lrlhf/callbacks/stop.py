@@ -47,7 +47,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from lrlhf.callbacks.checkpoint import ResumableCheckpoint, _validates_after_this_batch, atomic_save_checkpoint
+from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
+from lrlhf.utils.compat import validates_after_this_batch
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -156,8 +157,8 @@ class StopOnSignal(Callback):
         if not trainer.strategy.reduce_boolean_decision(self.received is not None, all=False):
             return
         self._stopping = self.received if self.received is not None else signal.SIGTERM  # another rank's signal
-        if not _validates_after_this_batch(trainer):  # else saved after the validation (on_validation_end)
-            self._checkpoint = self._save(trainer, pl_module, point_last=False)
+        if not validates_after_this_batch(trainer):  # else saved after the validation (on_validation_end)
+            self._checkpoint = self._save(trainer, pl_module)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if self._stopping is not None and not trainer.sanity_checking:
@@ -178,18 +179,16 @@ class StopOnSignal(Callback):
                               trainer.is_global_zero)
 
     @staticmethod
-    def _save(trainer: pl.Trainer, pl_module: pl.LightningModule, point_last: bool = True) -> tuple[Path, str]:
-        """Write the checkpoint (a collective); its path and the ``ckpt_path`` value that resumes from it.
-        ``point_last=False``: a ``ResumableCheckpoint``'s ``last.ckpt`` is left for :meth:`_stop` to point."""
+    def _save(trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[Path, str]:
+        """Write the checkpoint (a collective); its path and the ``ckpt_path`` value that resumes from it. A
+        ``ResumableCheckpoint``'s ``last.ckpt`` is left for :meth:`_stop` to point, once the step's row is logged."""
         callbacks = trainer.checkpoint_callbacks
         resumable = next((c for c in callbacks if isinstance(c, ResumableCheckpoint)), None)
         if resumable is not None:
             rollouts = ResumableCheckpoint._rollouts(trainer, pl_module)
             path = Path(resumable.dirpath) / f"rollout={rollouts:06d}.ckpt"
             if resumable.last_model_path != str(path):  # not written at this boundary by the periodic save
-                path = resumable.save(trainer, rollouts, point_last=point_last)
-            elif point_last:  # written, last.ckpt not yet pointing at it (it waits for the step's row)
-                resumable.point_last(trainer, path)
+                path = resumable.save(trainer, rollouts, point_last=False)
             return path, "last"
         plain = next((c for c in callbacks if isinstance(c, ModelCheckpoint) and c.dirpath), None)
         if plain is not None:

@@ -20,6 +20,9 @@ this module for the spelling instead of naming one version's:
   the reward model's adapter onto the policy's base after the policy and value adapters: on peft 0.18 the policy's
   LoRA then never trained (the value head alone did; RLOO/GRPO stopped on an empty optimizer).
   :func:`load_frozen_adapter` loads it and gives back every other parameter its ``requires_grad``.
+- **Lightning's private loop state** (2.6.0-2.6.6 alike): a step metric's last value kept in ``trainer._results``
+  (:func:`forget_step_metrics`), and whether a validation follows the batch that is ending
+  (:func:`validates_after_this_batch`, which the checkpoint and the clean stop wait for).
 """
 
 from __future__ import annotations
@@ -120,5 +123,17 @@ def forget_step_metrics(trainer) -> None:
             item.reset()
 
 
+def validates_after_this_batch(trainer) -> bool:
+    """Whether Lightning validates at the end of the training batch that is ending: its own decision, a private
+    method (``_should_check_val_fx``) alike from lightning 2.6.0, our floor, to 2.6.6; False where it cannot be
+    asked (the caller then acts at the batch end, as without a validation)."""
+    loop = trainer.fit_loop.epoch_loop
+    decide = getattr(loop, "_should_check_val_fx", None)
+    try:
+        return bool(decide(trainer.fit_loop._data_fetcher)) if decide is not None else False
+    except (AttributeError, TypeError):
+        return False
+
+
 __all__ = ["CACHE_KEYWORDS", "cache_keyword", "forget_step_metrics", "static_cache", "transformers_version",
-           "unwrap_model"]
+           "unwrap_model", "validates_after_this_batch"]
