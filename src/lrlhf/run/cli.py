@@ -358,7 +358,28 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
             close_process_group()  # every rank stopped at the same boundary; none may exit with the group open
             if stop.global_zero:
                 print(stop.message(args, prog), flush=True)
+            _leave_launched_process(stop.code)
         raise
     except KeyboardInterrupt:
         print("\nlrlhf: interrupted (Ctrl+C)", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
+    _leave_launched_process(0)
+
+
+def _leave_launched_process(code: int) -> None:
+    """A process of a multi-process launch (torchrun, srun, Lightning's launcher) whose run is over -- everything
+    written, the process group closed -- leaves with ``code`` without the interpreter's teardown: a rank aborted
+    there ("terminate called without an active exception", SIGABRT: a C++ thread of torch or gloo still held at
+    exit; CI on 2026-11-30 and 2026-12-05), and the launcher then reported a finished run as failed. W&B's run and
+    the logging handlers, which teardown would close, are closed first. One process: nothing (a normal exit)."""
+    from lrlhf.utils.distributed import launched_processes
+
+    if launched_processes() <= 1:
+        return
+    wandb = sys.modules.get("wandb")
+    if wandb is not None and getattr(wandb, "run", None) is not None:
+        wandb.finish(exit_code=code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
