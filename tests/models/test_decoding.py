@@ -106,14 +106,18 @@ def test_under_bf16_autocast_the_static_cache_holds_keys_and_values_in_their_dty
     and log-probs under the same autocast."""
     import transformers.cache_utils as cache_utils
 
+    from lrlhf.models.decoding import reserved_layer_class
+
     given = set()
-    update = cache_utils.DynamicLayer.update
 
-    def recording(self, key_states, value_states, *args, **kwargs):
-        given.add((key_states.dtype, value_states.dtype))  # what the attention makes, on every transformers
-        return update(self, key_states, value_states, *args, **kwargs)
+    def recording(update):
+        def record(self, key_states, value_states, *args, **kwargs):
+            given.add((key_states.dtype, value_states.dtype))  # what the attention makes, on every transformers
+            return update(self, key_states, value_states, *args, **kwargs)
+        return record
 
-    monkeypatch.setattr(cache_utils.DynamicLayer, "update", recording)
+    for layer_class in (cache_utils.DynamicLayer, reserved_layer_class()):  # the eager sampler's cache: the latter
+        monkeypatch.setattr(layer_class, "update", recording(layer_class.update))
     ids, mask = _prompts()
     # compiled: on one architecture (the CPU compile takes a while); static on all four
     for decoding in ("static", "compiled") if tiny_model.config.model_type == "llama" else ("static",):
@@ -124,3 +128,51 @@ def test_under_bf16_autocast_the_static_cache_holds_keys_and_values_in_their_dty
         assert len(given) == 1 and {(layer.keys.dtype, layer.values.dtype) for layer in cache.layers} == given
         assert torch.equal(got[0], eager[0]), decoding
         torch.testing.assert_close(got[1], eager[1], atol=1e-2, rtol=0)  # bf16 kernels: rounding apart
+
+
+def test_the_eager_cache_grows_in_a_reserved_buffer_and_decodes_as_a_growing_cache(tiny_model, monkeypatch):
+    """The eager sampler's cache (:func:`lrlhf.models.decoding.reserved_cache`) gives the ids and log-probs of a
+    plain growing ``DynamicCache`` (left padding, a group's shared prefill, rows leaving the batch), and reserves a
+    layer's buffer once for the prefill and once per change of the batch's rows -- not at every step."""
+    import lrlhf.models.decoding as decoding
+    import lrlhf.models.generation as generation
+    from transformers import DynamicCache
+
+    ids, mask = _prompts()
+    ids, mask = ids.repeat_interleave(2, dim=0), mask.repeat_interleave(2, dim=0)  # k = 2 samples of each prompt
+    layer_class = decoding.reserved_layer_class()
+    reserves, keeps = [], []
+    reserve, keep = layer_class._reserve, generation._EagerDecoder.keep
+    monkeypatch.setattr(layer_class, "_reserve", lambda self, *args: (reserves.append(self), reserve(self, *args)))
+    monkeypatch.setattr(generation._EagerDecoder, "keep", lambda self, rows: (keeps.append(len(rows)), keep(self, rows)))
+    new = 12
+    reserved = _sample(tiny_model, "eager", ids, mask, new=new)
+    layers = {id(layer) for layer in reserves}
+    assert layers and keeps  # every layer of these models reserves; some rows stopped before others
+    # per layer: the prefill, its expansion to the group's rows, each cut -- against one copy per step before
+    assert len(reserves) == len(layers) * (2 + len(keeps)) < len(layers) * new
+
+    monkeypatch.setattr(decoding, "reserved_cache", lambda config, capacity: DynamicCache(config=config))
+    _same(reserved, _sample(tiny_model, "eager", ids, mask, new=new))
+
+
+def test_a_reserved_layer_follows_the_cache_operations_it_does_not_override():
+    """``crop`` and a batch repeat of the base class, then more columns than the reserve: the layer's keys are what a
+    plain ``DynamicLayer`` holds after the same calls."""
+    from transformers.cache_utils import DynamicLayer
+
+    from lrlhf.models.decoding import reserved_layer_class
+
+    reserved, plain = reserved_layer_class()(capacity=4), DynamicLayer()
+    g = torch.Generator().manual_seed(0)
+    chunks = [torch.randn(2, 3, n, 5, generator=g) for n in (3, 1, 2, 1)]
+    for layer in (reserved, plain):
+        layer.update(chunks[0], chunks[0] + 1)
+        layer.update(chunks[1], chunks[1] + 1)
+        layer.crop(-1)
+        layer.batch_repeat_interleave(2)
+        layer.update(chunks[2].repeat_interleave(2, dim=0), chunks[2].repeat_interleave(2, dim=0) + 1)  # past 4
+        layer.batch_select_indices(torch.tensor([3, 0]))
+        layer.update(chunks[3][[1, 0]], chunks[3][[1, 0]] + 1)
+    assert reserved.get_seq_length() == plain.get_seq_length() == 6
+    assert torch.equal(reserved.keys, plain.keys) and torch.equal(reserved.values, plain.values)

@@ -196,7 +196,8 @@ def sample_with_logprobs(
     ``generate(synced_gpus=True)`` does. Needed when the model's forward is a collective (FSDP gathers each
     unit's parameters from all ranks): a rank leaving the loop early would leave the others waiting in a forward.
 
-    ``decoding``: ``eager`` (a growing ``DynamicCache``), ``static`` or ``compiled`` (a preallocated
+    ``decoding``: ``eager`` (a growing ``DynamicCache``, its columns written into a reserved buffer:
+    :func:`~lrlhf.models.decoding.reserved_cache`), ``static`` or ``compiled`` (a preallocated
     ``StaticCache`` of ``P + max_new_tokens`` columns rounded up to a multiple of ``bucket``, and a one-token step
     of fixed shapes, ``torch.compile``-d for ``compiled``; with a ``value_head`` they run uncompiled), or ``auto``
     (:data:`lrlhf.models.decoding.AUTO`: eager until a GPU run has measured compiled). Every mode makes the same
@@ -209,9 +210,7 @@ def sample_with_logprobs(
     call on fewer rows, so ids and log-probs agree with the unshared prefill's to the kernels' rounding, at 1/k of
     the prefill's cost (the prompts' columns were ~60% of a k = 8 rollout's sampling on the constraints recipe).
     """
-    from transformers import DynamicCache
-
-    from lrlhf.models.decoding import StaticDecoder, resolve
+    from lrlhf.models.decoding import StaticDecoder, reserved_cache, resolve
     from lrlhf.models.heads import capture_trunk_output
     from lrlhf.utils.compat import cache_keyword
 
@@ -225,8 +224,8 @@ def sample_with_logprobs(
     eos = torch.tensor(sorted(eos_token_ids), device=device, dtype=input_ids.dtype)
     mode = resolve(decoding, device, synced, value_head=value_head is not None)
     if mode == "eager":
-        decoder = _EagerDecoder(model, {cache_keyword(model): DynamicCache(config=getattr(model, "config", None))},
-                                share=share_prefill and value_head is None)
+        cache = reserved_cache(getattr(model, "config", None), input_ids.shape[1] + max_new_tokens)
+        decoder = _EagerDecoder(model, {cache_keyword(model): cache}, share=share_prefill and value_head is None)
     else:
         decoder = StaticDecoder(model, input_ids.shape, max_new_tokens, bucket, compiled=mode == "compiled")
     capture = capture_trunk_output(model) if value_head is not None else contextlib.nullcontext({})
