@@ -60,6 +60,32 @@ def test_token_logprobs_gradient_matches_finite_differences():
     assert torch.autograd.gradcheck(lambda z: entropy_from_logits(z, temperature=0.8, chunk_rows=2), (logits,))
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.8])
+def test_token_logprobs_gradient_chunk_by_chunk_equals_log_softmax_s_and_leaves_the_logits_alone(temperature):
+    """The chunked backward (every chunk size, one that does not divide the rows too) gives autograd's gradient of
+    ``log_softmax(z / T)[t]`` through a non-trivial upstream gradient, in the logits' dtype, and writes nothing into
+    the logits (at T = 1 a chunk of fp32 logits is the logits themselves)."""
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(3, 5, 7, generator=g, dtype=torch.float64)
+    tokens = torch.randint(0, 7, (3, 5), generator=g)
+    upstream = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    ref = logits.clone().requires_grad_()
+    (torch.log_softmax(ref / temperature, -1).gather(-1, tokens[..., None]).squeeze(-1) * upstream).sum().backward()
+    assert torch.autograd.gradcheck(lambda z: token_logprobs(z, tokens, temperature, chunk_rows=4),
+                                    (logits.clone().requires_grad_(),))
+    for chunk_rows in (1, 4, 15, 512):
+        mine = logits.clone().requires_grad_()
+        (token_logprobs(mine, tokens, temperature, chunk_rows=chunk_rows) * upstream).sum().backward()
+        torch.testing.assert_close(mine.grad, ref.grad, rtol=0, atol=1e-12)
+        assert torch.equal(mine.detach(), logits)
+    single = logits.float().requires_grad_()
+    (token_logprobs(single, tokens, temperature, chunk_rows=4) * upstream.float()).sum().backward()
+    assert torch.equal(single.detach(), logits.float())  # fp32 at T = 1: the chunk aliased the logits
+    bf16 = logits.bfloat16().requires_grad_()
+    token_logprobs(bf16, tokens, temperature).sum().backward()
+    assert bf16.grad.dtype == torch.bfloat16
+
+
 def test_token_logprobs_shape_mismatch_and_bad_temperature():
     with pytest.raises(ValueError, match="do not align"):
         token_logprobs(torch.zeros(2, 3, 5), torch.zeros(2, 4, dtype=torch.long))
