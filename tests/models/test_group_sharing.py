@@ -11,7 +11,13 @@ import pytest
 import torch
 
 from lrlhf.functional import token_logprobs
-from lrlhf.functional.prefix_sharing import PADDING, PREFIX, group_layout, group_response_logits
+from lrlhf.functional.prefix_sharing import (
+    PADDING,
+    PREFIX,
+    group_layout,
+    group_response_columns,
+    group_response_logits,
+)
 from lrlhf.models.shared_inputs import shared_inputs
 from lrlhf.modules.rollout import sequence_inputs
 
@@ -38,10 +44,15 @@ def _unshared(model, query_ids, query_mask, response_ids):
     return logits[:, :R]
 
 
-def _shared(model, query_ids, query_mask, response_ids):
+def _shared(model, query_ids, query_mask, response_ids, by_columns=True):
+    """The shared forward's response logits as GroupSharing runs it (the LM head on the response columns alone), or
+    ``by_columns=False`` indexed out of the last ``k R + 1`` columns' logits."""
     ids, positions, segments = group_layout(query_ids, query_mask, response_ids, K)
     inputs = shared_inputs(model, {"input_ids": ids, "position_ids": positions, "segment_ids": segments})
-    return group_response_logits(model(**inputs, logits_to_keep=K * R + 1).logits, K, R)
+    if not by_columns:
+        return group_response_logits(model(**inputs, logits_to_keep=K * R + 1).logits, K, R)
+    columns = group_response_columns(query_ids.shape[1], K, R)
+    return model(**inputs, logits_to_keep=columns).logits.reshape(-1, R, model.config.vocab_size)
 
 
 def _close(got, expected, name=""):
@@ -62,6 +73,7 @@ def test_the_layout_by_hand():
     # the last prompt column predicts every response's first token; later tokens the one before them
     logits = torch.arange(2 * 5, dtype=torch.float).reshape(2, 5, 1)  # columns 2..6 of each row
     assert group_response_logits(logits, 2, 2)[..., 0].tolist() == [[0, 1], [0, 3], [5, 6], [5, 8]]
+    assert group_response_columns(3, 2, 2).tolist() == [2, 3, 2, 5]  # the same columns, of the whole row
     with pytest.raises(ValueError, match="not whole groups of 3"):
         group_layout(query_ids, query_mask, response_ids, 3)
 
@@ -88,3 +100,11 @@ def test_shared_groups_give_the_unshared_logprobs_and_gradients(tiny_model, atte
     assert grads.keys() == s_grads.keys() and grads
     for name in grads:
         _close(s_grads[name], grads[name], name)
+
+
+def test_the_lm_head_on_the_response_columns_gives_the_indexed_logits(tiny_model):
+    model = tiny_model.eval()
+    query_ids, query_mask, response_ids = _rollout(model.config.vocab_size)
+    with torch.no_grad():
+        _close(_shared(model, query_ids, query_mask, response_ids),
+               _shared(model, query_ids, query_mask, response_ids, by_columns=False), "columns vs indexed")

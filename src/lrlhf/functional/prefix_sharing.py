@@ -135,6 +135,23 @@ def group_layout(query_ids: Tensor, query_mask: Tensor, response_ids: Tensor, k:
     )
 
 
+def _response_index(k: int, resp_len: int, device) -> Tensor:
+    """``(k, R)``: for response ``j``, token ``t``, the column of the last ``k R + 1`` of a :func:`group_layout` row
+    whose logits predict it (0: the last prompt column, for every response's first token)."""
+    index = torch.arange(k, device=device)[:, None] * resp_len + torch.arange(resp_len, device=device)
+    index[:, 0] = 0
+    return index
+
+
+def group_response_columns(prompt_len: int, k: int, resp_len: int, device=None) -> Tensor:
+    """``(k R,)`` the columns of a :func:`group_layout` row (``P + k R`` columns) whose logits predict each response
+    token, response by response: pass them as ``logits_to_keep`` and the LM head runs on exactly those columns,
+    its ``(G, k R, V)`` logits reshaping to ``(G k, R, V)`` with no copy (:func:`group_response_logits` instead
+    indexes logits already computed for the last ``k R + 1`` columns: a copy of the ``V``-wide tensor and, in
+    the backward, a zero-filled one)."""
+    return prompt_len - 1 + _response_index(k, resp_len, device).flatten()
+
+
 def group_response_logits(logits: Tensor, k: int, resp_len: int) -> Tensor:
     """``(G k, R, V)``: the logits predicting each response token, from the last ``k R + 1`` columns of a
     :func:`group_layout` forward (``logits`` ``(G, k R + 1, V)``: the last prompt column, then the responses).
@@ -144,8 +161,7 @@ def group_response_logits(logits: Tensor, k: int, resp_len: int) -> Tensor:
     """
     if logits.shape[1] != k * resp_len + 1:
         raise ValueError(f"group_response_logits: {logits.shape[1]} columns, expected k R + 1 = {k * resp_len + 1}")
-    index = torch.arange(k, device=logits.device)[:, None] * resp_len + torch.arange(resp_len, device=logits.device)
-    index[:, 0] = 0
+    index = _response_index(k, resp_len, logits.device)
     return logits[:, index.flatten()].reshape(logits.shape[0] * k, resp_len, logits.shape[-1])
 
 
@@ -156,6 +172,7 @@ __all__ = [
     "common_prefix_length",
     "gather_last",
     "group_layout",
+    "group_response_columns",
     "group_response_logits",
     "shared_attention_mask",
     "shared_logprob_sums",

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from lrlhf.data.shared_batches import AUTO_MIN_SHARE
-from lrlhf.functional.prefix_sharing import group_layout, group_response_logits
+from lrlhf.functional.prefix_sharing import group_layout, group_response_columns
 from lrlhf.models.shared_inputs import shared_inputs, sharing_blocker
 
 
@@ -112,8 +112,10 @@ class GroupSharing:
         input_ids, position_ids, segment_ids = group_layout(query_ids, query_mask, response_ids, k)
         inputs = shared_inputs(model, {"input_ids": input_ids, "position_ids": position_ids,
                                        "segment_ids": segment_ids})
-        logits = model(**inputs, logits_to_keep=k * resp_len + 1).logits
-        return group_response_logits(logits, k, resp_len)
+        # the LM head on the response-predicting columns alone, in response order (logits_to_keep as indices)
+        columns = group_response_columns(query_ids.shape[1], k, resp_len, query_ids.device)
+        logits = model(**inputs, logits_to_keep=columns).logits  # (G, k R, V)
+        return logits.reshape(-1, resp_len, logits.shape[-1])
 
 
 __all__ = ["GroupSharing", "group_prompt_share", "whole_groups"]
