@@ -27,7 +27,8 @@ def _launch(cmd: list[str], cache: Path) -> str:
     """Run ``cmd`` from the repository root; the whole process group is killed after :data:`TIMEOUT`."""
     env = {**os.environ, "LRLHF_CACHE_DIR": str(cache), "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
            # tests/abort_at_exit: a rank that reaches the interpreter's teardown aborts, as one did in CI
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "abort_at_exit"), str(ROOT / "src"), str(ROOT / "tests")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "abort_at_exit"), str(ROOT / "src"),
+                                          str(ROOT / "tests")])}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:

@@ -134,9 +134,10 @@ def test_the_eager_cache_grows_in_a_reserved_buffer_and_decodes_as_a_growing_cac
     """The eager sampler's cache (:func:`lrlhf.models.decoding.reserved_cache`) gives the ids and log-probs of a
     plain growing ``DynamicCache`` (left padding, a group's shared prefill, rows leaving the batch), and reserves a
     layer's buffer once for the prefill and once per change of the batch's rows -- not at every step."""
+    from transformers import DynamicCache
+
     import lrlhf.models.decoding as decoding
     import lrlhf.models.generation as generation
-    from transformers import DynamicCache
 
     ids, mask = _prompts()
     ids, mask = ids.repeat_interleave(2, dim=0), mask.repeat_interleave(2, dim=0)  # k = 2 samples of each prompt
@@ -144,7 +145,8 @@ def test_the_eager_cache_grows_in_a_reserved_buffer_and_decodes_as_a_growing_cac
     reserves, keeps = [], []
     reserve, keep = layer_class._reserve, generation._EagerDecoder.keep
     monkeypatch.setattr(layer_class, "_reserve", lambda self, *args: (reserves.append(self), reserve(self, *args)))
-    monkeypatch.setattr(generation._EagerDecoder, "keep", lambda self, rows: (keeps.append(len(rows)), keep(self, rows)))
+    monkeypatch.setattr(generation._EagerDecoder, "keep",
+                        lambda self, rows: (keeps.append(len(rows)), keep(self, rows)))
     new = 12
     reserved = _sample(tiny_model, "eager", ids, mask, new=new)
     layers = {id(layer) for layer in reserves}
