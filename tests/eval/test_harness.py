@@ -137,3 +137,16 @@ def test_sample_policy_with_a_reward_source_as_the_proxy(world):
         assert out.proxy[p] == [10.0 * asks + len(t.split()) for t in out.texts[p]]
     with pytest.raises(ValueError, match="not both"):
         sample_policy(model, tokenizer, prompts, 2, sampling, ScalarModel(model), reward=reward)
+
+
+def test_sampling_more_than_one_batch_shows_its_progress(world, capsys):
+    """A best-of-N pool sampled for ~30 minutes on a CPU without a word looked like a hang: a bar per policy."""
+    tokenizer = AutoTokenizer.from_pretrained(world.tokenizer)
+    model = AutoModelForCausalLM.from_pretrained(world.model)
+    prompts = load_records(str(world.eval_prompts), "prompt", verbose=False)[0]
+    sampling = SamplingConfig(max_new_tokens=4, temperature=1.0, seed=5)
+    sample_policy(model, tokenizer, prompts, 2, sampling, None, batch_size=4, name="pool")  # 6 rows: 2 batches
+    out = capsys.readouterr().out
+    assert "eval: pool" in out and "6/6" in out
+    sample_policy(model, tokenizer, prompts, 2, sampling, None, batch_size=6, name="one")  # one batch: no bar
+    assert "eval: one" not in capsys.readouterr().out

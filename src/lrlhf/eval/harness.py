@@ -92,7 +92,7 @@ def sample_policy(model, tokenizer, prompts: Sequence[PromptExample], n: int, sa
     for m in models:
         m.eval()
     try:
-        out = sample_held_out(policy, list(prompts), n, sampling.seed, batch_size, max_prompt_length)
+        out = sample_held_out(policy, list(prompts), n, sampling.seed, batch_size, max_prompt_length, label=name)
     finally:
         for m, mode in zip(models, modes, strict=True):
             m.train(mode)
