@@ -211,3 +211,38 @@ def test_a_moved_cache_is_reused_its_keys_free_of_its_own_path(tmp_path):
     from lrlhf.run.planning import stage_key
 
     assert stage_key(cfg) != stage_key(moved)
+
+
+def test_a_stage_cached_with_other_threads_is_named_with_the_launch_that_reuses_it(tmp_path):
+    """threads is part of a stage's key (float sums differ), so a launch with another threads= builds every stage
+    again; the plan says which cached stage differs only in threads, and how to reuse it."""
+    from omegaconf import OmegaConf
+    from test_cli import _compose, _dep_composer
+
+    from lrlhf.run.cache_hints import threads_hints
+    from lrlhf.run.planning import plan
+
+    def todo(*overrides):
+        cfg = _compose(["recipe=rm", f"paths.cache_dir={tmp_path}", "paths.run_dir=.", *overrides])
+        return plan(cfg, list(overrides), _dep_composer(tmp_path))
+
+    def cache_entry(planned, name, **changes):  # a finished stage as run_stage leaves it: config.yaml, summary.json
+        recipe, dep, folder = planned
+        config = OmegaConf.to_container(dep, resolve=True)
+        for key, value in changes.items():
+            OmegaConf.update(node := OmegaConf.create(config), key, value)
+            config = OmegaConf.to_container(node)
+        entry = folder.parent / f"{recipe}-{name}"
+        entry.mkdir(parents=True)
+        (entry / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(config)))
+        (entry / "summary.json").write_text("{}")
+        return entry
+
+    [sft] = todo("threads=2")
+    assert threads_hints([sft]) == []  # an empty cache
+    other_lr = cache_entry(sft, "lr", threads=1, **{"module.config.lr": 0.5})
+    assert threads_hints([sft]) == []  # another setting differs too: not this stage
+    one_thread = cache_entry(sft, "one", threads=1)
+    [hint] = threads_hints([sft])
+    assert f"threads=1 ({one_thread})" in hint and "launch with threads=1 to reuse it" in hint
+    assert str(other_lr) not in hint

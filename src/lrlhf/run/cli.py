@@ -20,6 +20,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from lrlhf.run.cache_hints import threads_hints
 from lrlhf.run.own_reward import replace_target_nodes, settle_own_reward
 from lrlhf.run.planning import (
     OWNER_FILE,
@@ -162,6 +163,8 @@ def _run(cfg: DictConfig) -> dict:
         print("W&B: no API key, logging offline; upload later with `wandb sync` on the run's wandb/ folder")
     if zero:
         print(plan_line(cfg, todo, hydra_cfg.runtime.choices), flush=True)
+        for hint in threads_hints(todo):
+            print(hint, flush=True)
     world = Path(cfg.world.dir)
     steps = len(todo) + 1 + (not (world / "world.json").is_file())  # the console's numbered story
     number = iter(range(1, steps + 1))
