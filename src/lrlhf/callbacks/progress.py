@@ -36,11 +36,7 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 
 from lrlhf.callbacks.early_stopping import HeldOutUtilityEarlyStopping
 from lrlhf.callbacks.stop import StopOnSignal
-from lrlhf.utils.console import route_logs_around_bars
-
-
-def _terminal() -> bool:
-    return bool(getattr(sys.stdout, "isatty", lambda: False)())
+from lrlhf.utils.console import route_logs_around_bars, stdout_is_terminal
 
 
 def rollout_plan(trainer: pl.Trainer, pl_module: pl.LightningModule) -> int | None:
@@ -116,7 +112,7 @@ class RunProgressBar(TQDMProgressBar):
         trainer, pl_module = self.trainer, self.trainer.lightning_module
         unit, done, total = self.progress(trainer, pl_module)
         self._drawn_at = time.monotonic()
-        self._interactive = _terminal()
+        self._interactive = stdout_is_terminal()
         return Tqdm(desc=self.stage or type(pl_module).__name__, unit=unit, initial=done, total=total,
                     position=2 * self.process_position, disable=self.is_disabled, leave=True, dynamic_ncols=True,
                     file=sys.stdout, smoothing=0, bar_format=self.TRAIN_FORMAT)
@@ -124,10 +120,10 @@ class RunProgressBar(TQDMProgressBar):
     def init_validation_tqdm(self) -> Tqdm:
         """Lightning's validation bar on a terminal; none into a file or a pipe, where each of its redraws would
         be a line of its own (``Validation DataLoader 0: 100%|...`` after every SFT and RM validation)."""
-        return super().init_validation_tqdm() if _terminal() else Tqdm(disable=True, file=sys.stdout)
+        return super().init_validation_tqdm() if stdout_is_terminal() else Tqdm(disable=True, file=sys.stdout)
 
     def init_sanity_tqdm(self) -> Tqdm:  # the sanity check's validation bar, alike
-        return super().init_sanity_tqdm() if _terminal() else Tqdm(disable=True, file=sys.stdout)
+        return super().init_sanity_tqdm() if stdout_is_terminal() else Tqdm(disable=True, file=sys.stdout)
 
     def on_train_epoch_start(self, trainer: pl.Trainer, *_: Any) -> None:
         pass  # one bar for the whole fit (TQDMProgressBar resets it per epoch)

@@ -123,8 +123,10 @@ def _progress(label: str | None, total: int, batch_size: int):
     when stdout is not a terminal (a log file gets a line per redraw, not per batch)."""
     from tqdm import tqdm
 
+    from lrlhf.utils.console import stdout_is_terminal
+
     return tqdm(total=total, desc=f"eval: {label}", unit="sample", file=sys.stdout, dynamic_ncols=True,
-                disable=label is None or total <= batch_size, mininterval=1.0 if sys.stdout.isatty() else 30.0,
+                disable=label is None or total <= batch_size, mininterval=1.0 if stdout_is_terminal() else 30.0,
                 bar_format="{desc} {n_fmt}/{total_fmt} |{bar:20}| ETA {remaining} [{elapsed}, {rate_fmt}]")
 
 

@@ -15,9 +15,9 @@ from torch import Tensor
 DEFAULT_CHUNK_ROWS = 512
 
 
-def _upcast(x: Tensor) -> Tensor:
+def _compute_dtype(x: Tensor) -> torch.dtype:
     """At least fp32 (bf16/fp16 are upcast; fp64 stays fp64)."""
-    return x.to(torch.promote_types(x.dtype, torch.float32))
+    return torch.promote_types(x.dtype, torch.float32)
 
 
 def _chunks(n: int, size: int):
@@ -52,7 +52,7 @@ def token_logprobs(
     if chunk_rows < 1:
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     if tokens.numel() == 0:
-        return torch.zeros(tokens.shape, dtype=_upcast(logits).dtype, device=logits.device)
+        return torch.zeros(tokens.shape, dtype=_compute_dtype(logits), device=logits.device)
     return _TokenLogprobs.apply(logits, tokens, float(temperature), int(chunk_rows))
 
 
@@ -69,7 +69,7 @@ class _TokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, tokens: Tensor, temperature: float, chunk_rows: int) -> Tensor:
         flat, flat_tokens = logits.reshape(-1, logits.shape[-1]), tokens.reshape(-1, 1)
-        dtype = _upcast(logits[..., :0]).dtype
+        dtype = _compute_dtype(logits)
         picked = flat.new_empty(flat.shape[0], dtype=dtype)
         lse = flat.new_empty(flat.shape[0], dtype=dtype)
         for rows in _chunks(flat.shape[0], chunk_rows):
@@ -110,8 +110,8 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_rows: in
     flat = logits.reshape(-1, logits.shape[-1])
     out = []
     for rows in _chunks(flat.shape[0], chunk_rows):
-        log_p = torch.log_softmax(_scaled(flat[rows], _upcast(flat[:0]).dtype, temperature), dim=-1)
+        log_p = torch.log_softmax(_scaled(flat[rows], _compute_dtype(flat), temperature), dim=-1)
         out.append(-(log_p.exp() * log_p).sum(dim=-1))
     if not out:
-        return torch.zeros(logits.shape[:-1], dtype=_upcast(logits).dtype, device=logits.device)
+        return torch.zeros(logits.shape[:-1], dtype=_compute_dtype(logits), device=logits.device)
     return torch.cat(out).reshape(logits.shape[:-1])

@@ -189,10 +189,9 @@ def reserved_layer_class():
             filled, new = self.get_seq_length(), key_states.shape[-2]
             buffers = self._buffers
             if (filled == 0 or buffers is None or filled + new > buffers[0].shape[-2]
-                    or self.keys.data_ptr() != buffers[0].data_ptr() or buffers[0].shape[0] != key_states.shape[0]):
-                empty = filled == 0
-                self._reserve(key_states[:, :, :0] if empty else self.keys,
-                              value_states[:, :, :0] if empty else self.values, filled + new)
+                    or self.keys.data_ptr() != buffers[0].data_ptr()):
+                self._reserve(self.keys if filled else key_states[:, :, :0],
+                              self.values if filled else value_states[:, :, :0], filled + new)
             key_buf, value_buf = self._buffers
             key_buf[:, :, filled:filled + new] = key_states
             value_buf[:, :, filled:filled + new] = value_states

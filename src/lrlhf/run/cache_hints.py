@@ -8,14 +8,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from lrlhf.run.planning import UNHASHED_KEYS
-
-
-def _leaves(node, prefix: str = "") -> dict:
-    if isinstance(node, dict):
-        return {k: v for key, value in node.items() for k, v in _leaves(value, f"{prefix}{key}.").items()}
-    if isinstance(node, list):
-        return {k: v for i, value in enumerate(node) for k, v in _leaves(value, f"{prefix}{i}.").items()}
-    return {prefix[:-1]: node}
+from lrlhf.utils.state import flatten
 
 
 def threads_hints(todo: list) -> list[str]:
@@ -30,10 +23,10 @@ def threads_hints(todo: list) -> list[str]:
             if other == Path(out_dir) or not all((other / f).is_file() for f in ("summary.json", "config.yaml")):
                 continue
             if mine is None:
-                mine = _leaves({k: v for k, v in OmegaConf.to_container(dep, resolve=True).items()
+                mine = flatten({k: v for k, v in OmegaConf.to_container(dep, resolve=True).items()
                                 if k not in UNHASHED_KEYS})
             try:
-                theirs = _leaves({k: v for k, v in (OmegaConf.to_container(OmegaConf.load(other / "config.yaml"))
+                theirs = flatten({k: v for k, v in (OmegaConf.to_container(OmegaConf.load(other / "config.yaml"))
                                                     or {}).items() if k not in UNHASHED_KEYS})
             except Exception:  # an unreadable entry is no hint
                 continue

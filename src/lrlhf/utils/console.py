@@ -52,6 +52,11 @@ NOISE_LOGS = {
 _PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
 
 
+def stdout_is_terminal() -> bool:
+    """Whether stdout is a terminal (progress bars redraw in place there; into a file they would append lines)."""
+    return bool(getattr(sys.stdout, "isatty", lambda: False)())
+
+
 def verbose_requested(argv: list[str]) -> tuple[bool, list[str]]:
     """Whether ``argv`` or ``LRLHF_VERBOSE`` asks for everything; ``argv`` without the flag."""
     rest = [a for a in argv if a not in VERBOSE_FLAGS]
