@@ -75,7 +75,15 @@ def test_a_world_key_follows_its_file_and_settings(tmp_path):
     assert FilesWorld(preferences=str(source), judge="rm:/elsewhere").key() == key  # the judge is not data
     assert FilesWorld(preferences=str(source), limits={"pref_train": 4}).key() != key
     os.utime(source, ns=(1, 1))
-    assert FilesWorld(preferences=str(source)).key() != key  # the file changed
+    assert FilesWorld(preferences=str(source)).key() == key  # touched (copied, checked out again): the same data
+    copy = tmp_path / "elsewhere" / "hh.jsonl.gz"
+    copy.parent.mkdir()
+    copy.write_bytes(source.read_bytes())
+    assert FilesWorld(preferences=str(copy)).key() != key  # another path in the settings
+    data = bytearray(source.read_bytes())
+    data[-1] ^= 1
+    source.write_bytes(bytes(data))  # edited in place, the same size
+    assert FilesWorld(preferences=str(source)).key() != key  # the file's content changed
 
 
 def test_world_settings_are_checked_naming_the_key():

@@ -52,14 +52,28 @@ def _digest(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:10]
 
 
+#: A file's content digest by (path, size, mtime): a key is computed several times a run, a file hashed once.
+_CONTENT_DIGESTS: dict[tuple, str] = {}
+
+
 def _file_identity(path: str | None) -> dict | None:
+    """What a source file contributes to a world's key: its size and the SHA-256 of its bytes. The content, not the
+    modification time: the same data copied to a new machine or a fresh checkout keeps its world (and every stage
+    built on it); an edited file gets a new one. The path itself is in the key through the world's settings."""
     if path is None:
         return None
     p = Path(path).expanduser()
     if not p.is_file():
         return {"path": str(p)}  # a hub dataset name, or missing (then check() says so)
     stat = p.stat()
-    return {"path": str(p.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    seen = (str(p.resolve()), stat.st_size, stat.st_mtime_ns)
+    if seen not in _CONTENT_DIGESTS:
+        digest = hashlib.sha256()
+        with p.open("rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _CONTENT_DIGESTS[seen] = digest.hexdigest()
+    return {"size": stat.st_size, "sha256": _CONTENT_DIGESTS[seen]}
 
 
 @dataclass
