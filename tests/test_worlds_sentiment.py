@@ -9,11 +9,19 @@ import random
 from pathlib import Path
 
 import pytest
-from test_cli import _train
+from test_cli import _compose, _train
 
 from lrlhf.data.formats import PREFERENCE_KINDS, load_records
 from lrlhf.data.records import PromptExample
-from lrlhf.data.sentiment import SentimentWorld, polarity, sentiment_gold
+from lrlhf.data.sentiment import (
+    SentimentWorld,
+    on_topic,
+    on_topic_sentiment_gold,
+    on_topic_sentiment_reward,
+    polarity,
+    sentiment_gold,
+    topic_words,
+)
 from lrlhf.data.splits import normalise_prompt, prompt_of
 from lrlhf.eval.annotators import Pair, SimulatedAnnotators
 from lrlhf.eval.judges import judge_accuracy, resolve_judge
@@ -52,6 +60,43 @@ def test_the_gold_is_exact_so_no_judge_accuracy_is_asked_of_it():
     judge = resolve_judge("lrlhf.data.sentiment:sentiment_gold")
     assert judge is sentiment_gold and judge_accuracy(judge) == {}
     assert judge_accuracy(lambda record, text: 0.0) == {"judge/accuracy": None}  # an unknown judge stays unknown
+
+
+def test_the_on_topic_gold_is_the_sentiment_times_the_share_of_the_prompt_s_topic_words():
+    asked = "Describe the planets of the solar system, with three examples."
+    # topic words: 4+ letters, lower-cased, cut to 5 letters; short words ("the", "of") and the instruction's own
+    # words ("describe", "with", "three", "examples") are not topics
+    assert topic_words(asked) == {"plane", "solar", "syste"}
+    assert topic_words("Tell me ABOUT cats, dogs and Parrots!") == {"cats", "dogs", "parro"}
+    assert on_topic(asked, "Planet Mars orbits; the SOLAR wind...") == pytest.approx(2 / 3)  # stems meet: planet(s)
+    assert on_topic(asked, "Jupiter is big.") == 0.0
+    assert on_topic("Say hi.", "anything") == 1.0  # a prompt without a topic word asks no topic
+    record = PromptExample([{"role": "user", "content": asked}])
+    cheerful_elsewhere = "What a wonderful, lovely day! I love it!"
+    assert sentiment_gold(record, cheerful_elsewhere) > 0.9
+    assert on_topic_sentiment_gold(record, cheerful_elsewhere) == 0.0
+    answer = "The planets of our solar system are wonderful!"
+    assert on_topic_sentiment_gold(record, answer) == pytest.approx(sentiment_gold(record, answer))  # all 3 topics
+    half = "The planets are wonderful!"
+    assert on_topic_sentiment_gold(record, half) == pytest.approx(sentiment_gold(record, half) / 3)
+    # it reads the prompt (the record's user turns), and the reward form (texts) is the same number
+    other = PromptExample([{"role": "user", "content": "Name a wonderful planet."}])
+    assert on_topic_sentiment_gold(other, half) == pytest.approx(sentiment_gold(other, half))
+    assert on_topic_sentiment_reward(asked, half) == on_topic_sentiment_gold(record, half)
+    judge = resolve_judge("lrlhf.data.sentiment:on_topic_sentiment_gold")
+    assert judge is on_topic_sentiment_gold and judge_accuracy(judge) == {}
+
+
+def test_world_sentiment_on_topic_is_world_sentiment_s_folder_with_the_other_gold(monkeypatch):
+    from lrlhf.run.planning import world_of
+
+    monkeypatch.setenv("LRLHF_DATA", str(SHARED))
+    plain, on_topic_world = (_compose(["recipe=ppo_lora", f"world={w}", "model=smollm2"])
+                             for w in ("sentiment", "sentiment_on_topic"))
+    assert on_topic_world.world.judge == "lrlhf.data.sentiment:on_topic_sentiment_gold"
+    assert on_topic_world.world.gold_reward == "lrlhf.data.sentiment.on_topic_sentiment_reward"
+    assert on_topic_world.eval.judge == on_topic_world.world.judge  # the verdict and early stopping read this gold
+    assert world_of(plain.world).key() == world_of(on_topic_world.world).key()  # same prompts, same splits
 
 
 # ------------------------------------------------------------------------------------------ the annotators
