@@ -83,6 +83,8 @@ def test_the_on_topic_gold_is_the_sentiment_times_the_share_of_the_prompt_s_topi
     other = PromptExample([{"role": "user", "content": "Name a wonderful planet."}])
     assert on_topic_sentiment_gold(other, half) == pytest.approx(sentiment_gold(other, half))
     assert on_topic_sentiment_reward(asked, half) == on_topic_sentiment_gold(record, half)
+    system = PromptExample([{"role": "system", "content": "You are a cheerful poet."}, *record.prompt])
+    assert on_topic_sentiment_gold(system, answer) == on_topic_sentiment_gold(record, answer)  # the user's words
     judge = resolve_judge("lrlhf.data.sentiment:on_topic_sentiment_gold")
     assert judge is on_topic_sentiment_gold and judge_accuracy(judge) == {}
 
