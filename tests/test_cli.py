@@ -310,9 +310,13 @@ def test_every_recipe_runs_tiny(recipe, tmp_path):
     run = tmp_path / "run"
     # RLOO / GRPO: the same module plus checks that no critic is built or run (cli_subclass.NoCriticPPO)
     no_critic = ["module._target_=cli_subclass.NoCriticPPO"] if recipe in ("rloo_lora", "grpo_lora") else []
-    _train(tmp_path, f"recipe={recipe}", "logger=none", f"hydra.run.dir={run}", *no_critic, *_tiny(recipe))
+    out = _train(tmp_path, f"recipe={recipe}", "logger=none", f"hydra.run.dir={run}", *no_critic, *_tiny(recipe))
     summary = json.loads((run / "summary.json").read_text())
     assert summary["stage"] == _compose([f"recipe={recipe}", "paths.run_dir=."]).stage
+    method = {"rloo_lora": "rloo", "grpo_lora": "grpo"}.get(recipe, summary["stage"])  # the method a user chose
+    assert summary["method"] == method and f"== lrlhf {method}: done ==" in out.stdout
+    if "chosen/rollout" in summary:
+        assert f"chosen {method.upper()} checkpoint: rollout" in out.stdout
     assert Path(summary["export"]).is_dir()
     # the sample table of every recipe (callbacks.samples), at the end of training (#15 item 5)
     rows = list(csv.DictReader((run / "samples.csv").open()))

@@ -130,7 +130,8 @@ def fit_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
     trainer.fit(module, datamodule=data, ckpt_path=cfg.ckpt_path)
     if zero and cfg.get("ckpt_path") is not None:
         atomic_write_text(out_dir / "config.yaml", config_yaml)
-    summary = {"stage": cfg.stage, "run_dir": str(out_dir), **finish_stage(cfg, module, data, trainer, out_dir)}
+    summary = {"stage": cfg.stage, "method": stage_label(cfg), "run_dir": str(out_dir),
+               **finish_stage(cfg, module, data, trainer, out_dir)}
     summary = json.loads(json.dumps(summary, default=str).replace(str(out_dir), str(final_dir)))
     if zero:
         atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")

@@ -193,7 +193,7 @@ def judge_lines(summary: dict) -> list[str]:
 
 def print_summary(summary: dict) -> None:
     """The end of a run's console story: the stage's figures from its ``summary.json``, where its outputs are."""
-    print(f"\n== lrlhf {summary['stage']}: done ==")
+    print(f"\n== lrlhf {summary.get('method', summary['stage'])}: done ==")
     if summary["stage"] == "eval":
         print(summary["table_markdown"])
         for line in judge_lines(summary):  # what the table's judge can see
@@ -232,10 +232,11 @@ def print_summary(summary: dict) -> None:
               f"{summary['test/gold_pairs']} pairs whose golds differ); the labels' own agreement with gold there "
               f"{summary['test/labels_gold_agreement']:.3f}")
     if "chosen/rollout" in summary:
-        print(f"chosen PPO checkpoint: rollout {summary['chosen/rollout']} by held-out utility "
+        method = summary.get("method", "ppo").upper()  # grpo_lora's "ppo" stage trained GRPO
+        print(f"chosen {method} checkpoint: rollout {summary['chosen/rollout']} by held-out utility "
               f"{summary['chosen/heldout_utility']:.3f} (early stopping); Goodhart plot: {summary['goodhart_plot']}")
         if summary.get("chosen/starting_policy"):
-            print("no PPO update improved held-out utility: the exported policy is the starting one (rollout 0)")
+            print(f"no {method} update improved held-out utility: the exported policy is the starting one (rollout 0)")
     for key, value in summary.items():  # the stage's own figures (its stage_summary and finish)
         if isinstance(value, float) and not key.startswith(("gold/", "judge/", "chosen/")) and key != "train/loss":
             print(f"{key}: {value:.4f}")
