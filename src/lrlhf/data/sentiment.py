@@ -41,6 +41,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lrlhf.data.splits import prompt_of
 from lrlhf.data.worlds import PromptWorld, instruction_sources
 
 INSTALL = "pip install 'lrlhf[sentiment]'  (vaderSentiment, MIT: the lexicon ships in the wheel)"
@@ -100,10 +101,10 @@ def on_topic(prompt_text: str, response: str) -> float:
 
 
 def _prompt_text(prompt_record) -> str:
-    messages = getattr(prompt_record, "prompt", prompt_record)
-    if isinstance(messages, str):
-        return messages
-    return " ".join(m["content"] for m in messages if m.get("role") == "user")
+    """The user's words of a prompt record (or the prompt text itself, as a reward of texts gets it)."""
+    if isinstance(prompt_record, str):
+        return prompt_record
+    return " ".join(m["content"] for m in prompt_of(prompt_record) if m["role"] == "user")
 
 
 def on_topic_sentiment_gold(prompt_record, response: str) -> float:

@@ -40,6 +40,7 @@ from typing import Any
 from lrlhf.data.records import PREFERENCE_KINDS, PreferencePair, PromptExample, Ranking, SFTExample
 from lrlhf.data.splits import dedup_pairs, dedup_prompts, group_of, normalise_prompt, prompt_of, split_by_prompt
 from lrlhf.data.summary import DataSummary
+from lrlhf.utils.io import file_sha256
 
 #: The files every world writes (a toy world writes rankings and its model too).
 LAYOUT = ("sft_train", "sft_val", "pref_train", "pref_val", "pref_test", "judge_train", "judge_val",
@@ -68,11 +69,7 @@ def _file_identity(path: str | None) -> dict | None:
     stat = p.stat()
     seen = (str(p.resolve()), stat.st_size, stat.st_mtime_ns)
     if seen not in _CONTENT_DIGESTS:
-        digest = hashlib.sha256()
-        with p.open("rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        _CONTENT_DIGESTS[seen] = digest.hexdigest()
+        _CONTENT_DIGESTS[seen] = file_sha256(p)
     return {"size": stat.st_size, "sha256": _CONTENT_DIGESTS[seen]}
 
 

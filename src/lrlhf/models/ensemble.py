@@ -10,7 +10,6 @@ normalised by its own calibration inside the ensemble, so the combined score nee
 
 from __future__ import annotations
 
-import hashlib
 import importlib
 import json
 from collections.abc import Sequence
@@ -20,6 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from lrlhf.functional.ensemble_rules import EnsembleCombine, EnsembleMean, disagreement
+from lrlhf.utils.io import file_sha256
 
 ENSEMBLE_FILE = "reward_ensemble.json"
 
@@ -93,7 +93,7 @@ class RewardEnsembleModel(nn.Module):
 
 
 def _file_digest(path: Path) -> str | None:
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+    return file_sha256(path) if path.is_file() else None
 
 
 def write_ensemble(folder: str | Path, members: Sequence[str | Path], combine: EnsembleCombine | None = None) -> Path:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import glob
+import hashlib
 import json
 import os
 import re
@@ -93,6 +94,15 @@ def remove_dead_temps(path: Path) -> None:
         match = name.fullmatch(stale.name)
         if match and process_gone(match[2], int(match[1])):
             shutil.rmtree(stale, ignore_errors=True) if stale.is_dir() else stale.unlink(missing_ok=True)
+
+
+def file_sha256(path: str | Path) -> str:
+    """The SHA-256 (hex) of a file's bytes, read a megabyte at a time (a data file may be large)."""
+    digest = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> Path:
