@@ -217,3 +217,37 @@ def test_the_frontier_on_the_sentiment_world_puts_every_method_on_the_gold_plane
     rewards = {yaml_text.split("fn:")[1].split("path: ")[1].split()[0] for f in stages.glob("ppo_lora-*/config.yaml")
                if "FunctionReward" in (yaml_text := f.read_text())}
     assert rewards == {"lrlhf.data.sentiment.sentiment_reward"}  # ppo_gold: PPO on the gold itself (reward=gold)
+
+
+@needs_data
+def test_an_sft_stage_is_one_for_both_golds_and_every_stage_that_reads_the_gold_is_its_own(tmp_path, monkeypatch):
+    """The SFT stage reads no gold (the world's files and the model only), so world=sentiment_on_topic reuses
+    world=sentiment's SFT (it trained an identical one again); the pairs (labelled and measured by the gold), the RM
+    on them, DPO and PPO (early stopping reads the gold) are each their own stage."""
+    from test_cli import _dep_composer
+
+    from lrlhf.run.planning import cache_folder, plan
+
+    monkeypatch.setenv("LRLHF_DATA", str(SHARED))
+
+    def planned(recipe, world):
+        shared = [*f"world={world}".split(), "model=smollm2", f"paths.cache_dir={tmp_path}"]
+        cfg = _compose([f"recipe={recipe}", *shared, "paths.run_dir=."])
+        todo = {name: (dep, folder) for name, dep, folder in plan(cfg, shared, _dep_composer(tmp_path))}
+        return cfg, todo
+
+    plain, plain_todo = planned("ppo_lora", "sentiment")
+    topic, topic_todo = planned("ppo_lora", "sentiment_on_topic")
+    assert set(plain_todo) == set(topic_todo) == {"sft_lora", "pairs", "rm"}
+    assert plain_todo["sft_lora"][1] == topic_todo["sft_lora"][1]  # one SFT
+    for name in ("pairs", "rm"):
+        assert plain_todo[name][1] != topic_todo[name][1], name
+    pairs = topic_todo["pairs"][0]
+    assert pairs.gold == pairs.annotator.gold == "lrlhf.data.sentiment:on_topic_sentiment_gold"
+    assert cache_folder(plain, "ppo_lora") != cache_folder(topic, "ppo_lora")
+    assert plain.callbacks.early_stopping.utility != topic.callbacks.early_stopping.utility
+    sft = [planned("sft_lora", world)[0] for world in (  # nor do the world's other roles enter SFT's key
+        "sentiment", "sentiment_on_topic world.judge_recipe=judge_rm")]
+    assert cache_folder(sft[0], "sft_lora") == cache_folder(sft[1], "sft_lora") == plain_todo["sft_lora"][1]
+    dpo = [planned("dpo_lora", world)[0] for world in ("sentiment", "sentiment_on_topic")]
+    assert cache_folder(dpo[0], "dpo_lora") != cache_folder(dpo[1], "dpo_lora")

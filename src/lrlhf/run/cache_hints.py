@@ -7,7 +7,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from lrlhf.run.planning import UNHASHED_KEYS
+from lrlhf.run.planning import keyed_content
 from lrlhf.utils.state import flatten
 
 
@@ -23,11 +23,9 @@ def threads_hints(todo: list) -> list[str]:
             if other == Path(out_dir) or not all((other / f).is_file() for f in ("summary.json", "config.yaml")):
                 continue
             if mine is None:
-                mine = flatten({k: v for k, v in OmegaConf.to_container(dep, resolve=True).items()
-                                if k not in UNHASHED_KEYS})
+                mine = flatten(keyed_content(OmegaConf.to_container(dep, resolve=True)))
             try:
-                theirs = flatten({k: v for k, v in (OmegaConf.to_container(OmegaConf.load(other / "config.yaml"))
-                                                    or {}).items() if k not in UNHASHED_KEYS})
+                theirs = flatten(keyed_content(OmegaConf.to_container(OmegaConf.load(other / "config.yaml")) or {}))
             except Exception:  # an unreadable entry is no hint
                 continue
             differ = {k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k) and not (

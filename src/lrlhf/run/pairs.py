@@ -9,7 +9,8 @@ model and DPO on (``world=sentiment``: its ``pairs_recipe``; :mod:`lrlhf.data.se
    (:func:`lrlhf.run.rounds.on_policy_pairs`).
 3. ``annotator`` labels every pair (:class:`lrlhf.eval.annotators.SimulatedAnnotators` on ``world.judge``: a
    label 1 / 0 / 0.5), written as ``pref_train|pref_val|pref_test.jsonl`` in the stage folder, each line carrying the
-   gold of both sides (``gold_chosen``, ``gold_rejected``) for the figures; nothing that trains reads them.
+   gold of both sides (``gold_chosen``, ``gold_rejected``, by ``gold``: the world's) for the figures; nothing that
+   trains reads them.
 4. ``summary.json``: the counts, the labels' agreement with the gold order (observed; and, for a label model, expected
    and the best accuracy any reward model can reach on these labels: the annotators' ceiling), per split.
 """
@@ -105,7 +106,7 @@ def run_pairs(cfg: DictConfig, out_dir: Path, final_dir: Path) -> dict:
     begin_stage(cfg, out_dir, final_dir)
     settings: PairSettings = instantiate(cfg.pairs, _convert_="all")
     annotator = instantiate(cfg.annotator, _convert_="all")
-    gold = resolve_judge(cfg.world.judge, key="world.judge")
+    gold = resolve_judge(cfg.gold, key="gold")
     prompts, _ = load_records(str(Path(cfg.world.dir) / "pair_prompts.jsonl"), "prompt", verbose=False)
     prompts = prompts[:settings.max_prompts]
     parts = split_prompts(prompts, settings.shares, settings.seed)

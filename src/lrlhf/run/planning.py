@@ -13,6 +13,7 @@ can fail cheaply, so a bad input stops the run before minutes of building.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -34,6 +35,13 @@ LAUNCH_KEYS = ("trainer", "strategy", "trainer.accelerator", "trainer.devices", 
                "trainer.precision", "trainer.strategy")
 #: Keys that do not change what a stage computes (left out of its cache key and of the resume check).
 UNHASHED_KEYS = ("paths", "hparams", "logger", "ckpt_path", "cache", "eval", "stage_overrides")
+#: Leaves a stage's key leaves out besides UNHASHED_KEYS: the world's roles, which a stage reads only through the
+#: nodes that use them (``eval.judge``, the pairs' ``gold`` and ``annotator.gold``, early stopping's ``utility``,
+#: ``reward=gold``'s path, ``needs.*``), and the judge column of the sample table (it samples from a forked RNG: a
+#: record beside the weights, which it does not change). A stage that uses no role (SFT) is then one stage for worlds
+#: that differ only in their gold (world=sentiment, sentiment_on_topic).
+UNKEYED_LEAVES = ("world.judge", "world.table_judge", "world.gold_reward", "world.judge_recipe",
+                  "callbacks.samples.judge")
 #: Run-config keys a resume may change (how long to train, the callbacks' settings, threads): every other key of
 #: the resolved config (less UNHASHED_KEYS) must be the checkpoint's, or the resume is refused.
 RESUMABLE_CHANGES = ("config.trainer.max_steps", "config.trainer.max_epochs", "config.trainer.limit_train_batches",
@@ -131,14 +139,27 @@ def needed_overrides(cfg: DictConfig, name: str, launch_overrides: list[str], ex
     return [*_shared_overrides(launch_overrides), *(cfg.stage_overrides.get(name) or []), *extra]
 
 
+def keyed_content(config: dict) -> dict:
+    """What a stage's key hashes of its resolved ``config`` (a plain dict, left as it is): all but
+    :data:`UNHASHED_KEYS` and :data:`UNKEYED_LEAVES`."""
+    content = copy.deepcopy({k: v for k, v in config.items() if k not in UNHASHED_KEYS})
+    for leaf in UNKEYED_LEAVES:
+        *path, name = leaf.split(".")
+        node = content
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(name, None)
+    return content
+
+
 def stage_key(cfg: DictConfig) -> str:
     """A hash of what a stage computes: its resolved config without paths, logger and the like, and with the
     cache folder's own path left out of the paths of the stages it reads (a cache moved elsewhere is reused)."""
     from lrlhf import __version__
     from lrlhf.data.tokenize import RENDERING
 
-    content = {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k not in UNHASHED_KEYS}
-    text = json.dumps(content, sort_keys=True, default=str)
+    text = json.dumps(keyed_content(OmegaConf.to_container(cfg, resolve=True)), sort_keys=True, default=str)
     cache = OmegaConf.select(cfg, "paths.cache_dir", default=None)
     for form in {str(Path(cache).expanduser()), str(Path(cache).expanduser().resolve())} if cache else ():
         # the stages a stage reads (deps.*, world.dir) live in the cache: a moved or shared cache keeps its keys
