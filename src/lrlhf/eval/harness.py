@@ -15,10 +15,11 @@ model folder) and for Best-of-N under the proxy (sampled from the reference poli
   rate (:mod:`lrlhf.eval.lc_winrate`), and the worst subgroup (request kind in the toy world).
 
 Outputs in the run folder: ``eval_table.md`` / ``eval_table.csv``, ``eval_results.json``, ``utility_vs_kl.png``
-(policies and the BoN curve N = 1..``bon.curve_max`` from one pool, :func:`bon_expected`) and ``goodhart.png`` (the
-held-out evaluations a PPO stage made at its checkpoints); with ``eval.audit``, ``audit.md`` (each policy's
-top-reward samples, :mod:`lrlhf.eval.audit`) and ``counterfactual.md`` (how the proxy moves under edits the task
-does not reward, :mod:`lrlhf.eval.counterfactual`); numbers and images also go to the logger if any.
+(policies and the BoN curve N = 1..``bon.curve_max`` from one pool, :func:`bon_expected`) and ``goodhart.png`` /
+``goodhart.csv`` (the held-out evaluations a PPO stage made at its checkpoints: gold and proxy per rollout); with
+``eval.audit``, ``audit.md`` (each policy's top-reward samples, :mod:`lrlhf.eval.audit`) and ``counterfactual.md``
+(how the proxy moves under edits the task does not reward, :mod:`lrlhf.eval.counterfactual`); numbers and images
+also go to the logger if any.
 
 Sampling and measuring are :func:`lrlhf.eval.heldout.sample_held_out`'s (the early-stopping callback's path too);
 the plots are :mod:`lrlhf.eval.plots`'.
@@ -40,7 +41,7 @@ from lrlhf.eval.heldout import ModelPolicy, sample_held_out
 from lrlhf.eval.judges import is_pairwise, judge_accuracy, judge_pairs, resolve_judge, score_responses
 from lrlhf.eval.lc_winrate import length_controlled_win_rate
 from lrlhf.eval.plots import plot_goodhart, plot_utility_vs_kl
-from lrlhf.eval.report import subgroup_means, worst_subgroup, write_table
+from lrlhf.eval.report import csv_table, subgroup_means, worst_subgroup, write_table
 from lrlhf.eval.utility import bootstrap_interval
 from lrlhf.eval.winrate import win_rate
 from lrlhf.models.generation import SamplingConfig
@@ -380,15 +381,20 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
         gold_curve = mean_curve(curves["gold"]) if "gold" in curves else None
         plots["utility_vs_kl"] = str(plot_utility_vs_kl(rows, curve, out_dir / "utility_vs_kl.png", ev.baseline,
                                                         gold_curve=gold_curve))
-    history = _goodhart_history(goodhart_folder)
+    history, goodhart = _goodhart_history(goodhart_folder), []
     if history is not None:
         hist, source = history
         plots["goodhart"] = str(plot_goodhart(
             hist["history"], hist.get("best_index"), out_dir / "goodhart.png",
             title=f"one PPO run over its checkpoints: held-out gold and proxy ({Path(source).parent.name})"))
+        goodhart = [{"stage": Path(goodhart_folder).name, **{k: r.get(k) for k in GOODHART_COLUMNS[1:]}}
+                    for r in hist["history"]]
+        atomic_write_text(out_dir / "goodhart.csv", csv_table(goodhart, GOODHART_COLUMNS))
     results = {"prompts": len(prompts), "n_samples": ev.n_samples, "sampling": sampling.__dict__,
                "judge": getattr(judge, "__name__", type(judge).__name__), "baseline": ev.baseline,
                "policies": policies, "rows": rows, "bon_curve": [{"n": n, "kl": k, "gold": g} for n, k, g in curve]}
+    if goodhart:
+        results["goodhart"] = goodhart
     if "gold" in curves:
         results["bon_gold_curve"] = [{"n": n, "kl": k, "gold": g} for n, k, g in mean_curve(curves["gold"])]
         _write_curves(out_dir / "frontier_curves.csv", results)
@@ -420,6 +426,8 @@ def _frontier_gaps(samples: Samples, kl: float, curves: dict, n_resamples: int, 
 
 #: the Best-of-N curves of ``eval_results.json``: (name, key)
 CURVES = (("proxy", "bon_curve"), ("gold", "bon_gold_curve"))
+#: goodhart.csv: the Goodhart stage's held-out evaluations, one row a checkpoint (``utility``: the held-out gold)
+GOODHART_COLUMNS = ("stage", "rollout", "global_step", "kl", "proxy", "utility", "length")
 
 
 def _write_curves(path: Path, results: dict) -> None:
@@ -464,6 +472,9 @@ def _log(logger, rows: Sequence[dict], plots: dict, hyperparams: dict, results: 
         curves = [[name, c["n"], c["kl"], c["gold"]] for name, key in CURVES for c in results.get(key, [])]
         if curves:
             logger.log_table(key="eval/bon_curves", columns=["curve", "n", "kl", "gold"], data=curves)
+        if results.get("goodhart"):
+            logger.log_table(key="eval/goodhart", columns=list(GOODHART_COLUMNS),
+                             data=[[r[c] for c in GOODHART_COLUMNS] for r in results["goodhart"]])
     if hasattr(logger, "log_image"):
         for key, path in plots.items():
             logger.log_image(key=f"eval/{key}", images=[path])
