@@ -156,7 +156,8 @@ class SentimentWorld(PromptWorld):
         _analyser()  # the gold's package, before anything is built
 
     def describe(self) -> str:
-        return f"the {self.name} world: instructions of {self.alpaca} and {self.self_instruct}, gold = sentiment"
+        return (f"the {self.name} world: instructions of {self.alpaca} and {self.self_instruct} (prompts and splits, "
+                "one folder for every gold: world.judge scores the answers)")
 
     def build(self, out: Path) -> None:
         from lrlhf.data.records import PromptExample, SFTExample
