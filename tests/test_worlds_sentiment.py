@@ -202,11 +202,12 @@ def test_ppo_on_the_sentiment_world_end_to_end(tmp_path, tiny_real_model):
 @needs_data
 def test_the_frontier_on_the_sentiment_world_puts_every_method_on_the_gold_plane(tmp_path, tiny_real_model):
     run = tmp_path / "run"
-    _train(tmp_path, "recipe=frontier_text", "world=sentiment", "model=hf", f"model.name_or_path={tiny_real_model}",
-           "hparams=smollm2", "logger=csv", f"hydra.run.dir={run}", "hparams.dpo.max_steps=2", "eval.n_samples=2",
-           "eval.bon.n=[2]", "eval.bon.curve_max=4", "eval.n_resamples=50",
-           'stage_overrides.weak_kl=["trainer.max_steps=8","callbacks.early_stopping.every_n_rollouts=1"]',
-           *[o for o in TINY if not o.startswith("callbacks.")])
+    out = _train(tmp_path, "recipe=frontier_text", "world=sentiment", "model=hf",
+                 f"model.name_or_path={tiny_real_model}", "hparams=smollm2", "logger=csv", f"hydra.run.dir={run}",
+                 "hparams.dpo.max_steps=2", "eval.n_samples=2", "eval.bon.n=[2]", "eval.bon.curve_max=4",
+                 "eval.n_resamples=50",
+                 'stage_overrides.weak_kl=["trainer.max_steps=8","callbacks.early_stopping.every_n_rollouts=1"]',
+                 *[o for o in TINY if not o.startswith("callbacks.")])
     summary = json.loads((run / "summary.json").read_text())
     methods = ("sft", "dpo", "ppo", "rloo", "grpo", "ppo_gold", "weak_kl", "bon2")
     assert all(0.0 <= summary[f"gold/{m}"] <= 1.0 for m in methods)  # the world's gold, not a judge's score
@@ -222,6 +223,7 @@ def test_the_frontier_on_the_sentiment_world_puts_every_method_on_the_gold_plane
     goodhart = list(csv.DictReader((run / "goodhart.csv").open()))  # the weak-KL run's curve: gold and proxy
     assert [float(r["utility"]) for r in goodhart] == [h["utility"] for h in weak] and len(weak) >= 2
     assert [float(r["proxy"]) for r in goodhart] == [h["proxy"] for h in weak] and (run / "goodhart.png").is_file()
+    assert f"the plots' figures: {run / 'frontier_curves.csv'}, {run / 'goodhart.csv'}" in out.stdout  # named
 
 
 @needs_data

@@ -3,6 +3,7 @@ full fine-tuning, a Trainer run on the toy world, export -> load, config validat
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -161,6 +162,29 @@ def test_validation_metrics_on_hand_made_scores():
     cov = sum((a - mr) * (b - ml) for a, b in zip(r, lengths, strict=True))
     corr = cov / math.sqrt(sum((a - mr) ** 2 for a in r) * sum((b - ml) ** 2 for b in lengths))
     assert got["corr"] == pytest.approx(corr, abs=1e-6)
+
+
+
+def test_an_empty_length_bucket_or_source_is_not_logged_and_warns_nothing():
+    # every pair's chosen answer is longer: the `similar` and `chosen_shorter` buckets are empty (they logged NaN
+    # with torchmetrics' "compute before update" warning); a source all of whose pairs are ties has no accuracy
+    rewards = torch.tensor([2.0, 0.0, 1.0, 0.0, 0.0, 1.0, 0.0, 0.0])  # chosen 2, 0, 1, 0 | rejected 0, 1, 0, 0
+    batch = {"pair_targets": torch.tensor([1.0, 1.0, 1.0, 0.5]), "prompt_lengths": torch.full((8,), 2),
+             "lengths": torch.tensor([12, 12, 12, 12, 6, 6, 6, 6]), "sources": ["f"] * 4,
+             "meta": [{"source": s} for s in ("a", "a", "a", "ties")]}
+    module = RewardModule(tiny_llama(), RewardConfig(similar_length=1))
+    module.register_sources(["a", "ties"])
+    logged = {}
+    module.log = lambda name, value, **kw: logged.__setitem__(name, float(value))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(2):  # a second epoch: the metrics were reset
+            logged.clear()
+            module.on_validation_epoch_start()
+            module.update_metrics(rewards, batch, module.compute_loss(rewards, batch).pairs)
+            module.on_validation_epoch_end()
+            accuracies = {k: v for k, v in logged.items() if k.startswith("val/accuracy_")}
+            assert accuracies == pytest.approx({"val/accuracy_chosen_longer": 2 / 3, "val/accuracy_source/a": 2 / 3})
 
 
 def test_order_randomisation_gives_both_classes_and_auroc_of_a_perfect_ranker():

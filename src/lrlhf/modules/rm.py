@@ -394,9 +394,8 @@ class RewardModule(StageOutputs, pl.LightningModule):
             "similar": diff.abs() <= self.config.similar_length,
             "chosen_shorter": diff < -self.config.similar_length,
         }
-        for name, in_bucket in buckets.items():
-            if in_bucket.any():
-                self.val_length_accuracy[name].update(correct[in_bucket])
+        for name, in_bucket in buckets.items():  # an empty bucket is updated too: every process computes alike
+            self.val_length_accuracy[name].update(correct[in_bucket])
         if pairs.sources is not None:
             sources = [s for s, keep in zip(pairs.sources, labelled.tolist(), strict=True) if keep]
             self.register_sources(sources)
@@ -411,16 +410,23 @@ class RewardModule(StageOutputs, pl.LightningModule):
         self.log("val/ece", self.val_ece, **kw)
         self.log("val/auroc", self.val_auroc, **kw)
         self.log("val/reward_length_corr", self.val_length_corr, **kw)
-        for name, metric in self.val_length_accuracy.items():
-            self.log(f"val/accuracy_{name}", metric, **kw)
-        for key, metric in self.val_source_accuracy.items():
-            self.log(f"val/accuracy_source/{self.source_names[key]}", metric, **kw)
 
     def on_validation_epoch_start(self) -> None:
         # The same flips every epoch: epoch-to-epoch changes of ECE / AUROC are the model's, not the order's.
         self._order_generator = torch.Generator().manual_seed(self.config.order_seed)
 
     def on_validation_epoch_end(self) -> None:
+        # Accuracy per length bucket and per source: a bucket no pair fell in (on any process) has no accuracy, and
+        # is not logged (not a NaN); the value is synced, so every process skips alike.
+        named = {f"val/accuracy_{name}": m for name, m in self.val_length_accuracy.items()} | {
+            f"val/accuracy_source/{self.source_names[key]}": m for key, m in self.val_source_accuracy.items()}
+        for name, metric in named.items():
+            if metric.update_count == 0:  # no validation batch reached it (all pairs ties, or a new source)
+                metric.update(torch.zeros(0, device=self.device))
+            value = metric.compute()
+            metric.reset()
+            if not torch.isnan(value):
+                self.log(name, value)
         # Margin distribution: CatMetric gathers every process's margins; summarised here, then reset.
         if self.val_margins.update_count == 0:
             return
