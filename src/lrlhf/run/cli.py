@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lrlhf.run.cache_hints import threads_hints
 from lrlhf.run.own_reward import replace_target_nodes, settle_own_reward
+from lrlhf.run.parallel import StageBuildFailed, build_stages, check_jobs
 from lrlhf.run.planning import (
     OWNER_FILE,
     _building_folder,
@@ -149,6 +150,7 @@ def _run(cfg: DictConfig) -> dict:
     run_dir = Path(cfg.paths.run_dir)
     check_shared_run_dir(hydra_cfg)
     zero = is_global_zero()
+    jobs = check_jobs(cfg.jobs, bool(cfg.cache), launched_processes(), OmegaConf.select(cfg, "trainer.devices"))
     kind = kind_of(cfg)
     replace_target_nodes(cfg, overrides)
     reward_line = settle_own_reward(cfg, overrides)
@@ -180,7 +182,9 @@ def _run(cfg: DictConfig) -> dict:
     if zero:  # every data file is read once before any stage is built (a bad one must not cost a build first)
         check_data([(f"the `{recipe}` stage this recipe needs: ", dep) for recipe, dep, _ in todo] + [("", cfg)],
                    pending=[out_dir for _, _, out_dir in todo])
-    for recipe, dep, out_dir in todo:
+    if jobs > 1 and todo:  # several stages at once, each in a process of its own (lrlhf.run.parallel)
+        build_stages(todo, jobs, run_dir, overrides, (f"[{next(number)}/{steps}]" for _ in todo))
+    for recipe, dep, out_dir in todo if jobs == 1 else ():
         lock = hold_stage(recipe, out_dir) if zero else None  # one launch builds it; another waits and reuses it
         try:
             if lock is not None and _stage_done(out_dir):
@@ -301,7 +305,8 @@ def plan_line(cfg: DictConfig, todo: list, choices) -> str:
 #: What a user's input can get wrong (a config value, a data file, a model folder, a refused resume), the run-time
 #: invariant checks (a non-finite loss, a broken PPO invariant) and a storage that refuses a write (a full disk):
 #: reported as one message, the traceback only with HYDRA_FULL_ERROR=1 or LRLHF_DEBUG=1.
-USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, FloatingPointError, InvariantError, StorageError)
+USER_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, FloatingPointError, InvariantError, StorageError,
+               StageBuildFailed)
 
 
 def _task(cfg: DictConfig) -> dict:

@@ -34,7 +34,7 @@ SHARED_KEYS = ("world", "model", "hparams", "paths", "seed", "threads", "stage_o
 LAUNCH_KEYS = ("trainer", "strategy", "trainer.accelerator", "trainer.devices", "trainer.num_nodes",
                "trainer.precision", "trainer.strategy")
 #: Keys that do not change what a stage computes (left out of its cache key and of the resume check).
-UNHASHED_KEYS = ("paths", "hparams", "logger", "ckpt_path", "cache", "eval", "stage_overrides")
+UNHASHED_KEYS = ("paths", "hparams", "logger", "ckpt_path", "cache", "jobs", "eval", "stage_overrides")
 #: Leaves a stage's key leaves out besides UNHASHED_KEYS: the world's roles, which a stage reads only through the
 #: nodes that use them (``eval.judge``, the pairs' ``gold`` and ``annotator.gold``, early stopping's ``utility``,
 #: ``reward=gold``'s path, ``needs.*``), and the judge column of the sample table (it samples from a forked RNG: a

@@ -1,0 +1,45 @@
+"""``python -m lrlhf.run.stage_worker <spec.yaml>``: build one needed stage in a process of its own, for a launch with
+``jobs=N`` (:mod:`lrlhf.run.parallel`)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from lrlhf.run.parallel import StageBuildFailed
+from lrlhf.run.planning import _stage_done, cache_folder
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Build the one stage the launch planned in ``<spec.yaml>`` (its meta in ``<spec.json>``)."""
+    from lrlhf.run.cli import _build_stage, hold_stage, register
+    from lrlhf.utils.console import setup_console  # before transformers is imported
+
+    def stopped(signum, frame):  # the launch stopped this build before its training took the signal over
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stopped)  # so the building folder is removed and the stage's lock released
+    spec = Path((sys.argv[1:] if argv is None else argv)[0])
+    meta = json.loads(spec.with_suffix(".json").read_text())
+    setup_console(False, wandb_offline=True)
+    register()
+    dep = OmegaConf.load(spec)
+    OmegaConf.set_struct(dep, True)
+    recipe, out_dir = meta["recipe"], Path(meta["out_dir"])
+    if cache_folder(dep, recipe) != out_dir:
+        raise StageBuildFailed(f"the `{recipe}` stage's config reloaded from {spec} hashes to "
+                               f"{cache_folder(dep, recipe).name}, not the planned {out_dir.name}")
+    lock = hold_stage(recipe, out_dir)
+    try:
+        if not _stage_done(out_dir):
+            _build_stage(recipe, dep, out_dir, Path(meta["run_dir"]), list(meta["overrides"]), True, "")
+    finally:
+        lock.release()
+
+
+if __name__ == "__main__":
+    main()

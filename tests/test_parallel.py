@@ -1,0 +1,130 @@
+"""``jobs=N``: needed stages built several at a time, each in a process of its own (lrlhf.run.parallel)."""
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf, open_dict
+from test_cli import EVAL_TINY, _compose, _train
+
+from lrlhf.run import stage_worker
+from lrlhf.run.parallel import StageBuildFailed, build_stages, check_jobs
+
+# A stand-in for a stage build: records when it ran, sleeps, then leaves a finished stage (its summary.json), or
+# exits with the status its recipe names ("fail3": 3) after writing a line to its console.
+FAKE = """
+import json, sys, time
+from pathlib import Path
+spec = Path(sys.argv[1]); meta = json.loads(spec.with_suffix(".json").read_text()); out = Path(meta["out_dir"])
+start = time.monotonic()
+if meta["recipe"].startswith("fail"):
+    print("a traceback the stage printed"); sys.exit(int(meta["recipe"][4:]))
+time.sleep(float(meta["recipe"].split("_")[-1]))
+out.mkdir(parents=True); (out / "summary.json").write_text("{}")
+with open(spec.parent / "times.jsonl", "a") as f:
+    f.write(json.dumps({"recipe": meta["recipe"], "start": start, "end": time.monotonic()}) + "\\n")
+"""
+
+
+def _fake(spec: Path) -> list[str]:
+    return [sys.executable, "-c", FAKE, str(spec)]
+
+
+def _stage(cache: Path, recipe: str, *reads: str):
+    dep = OmegaConf.create({"deps": {r: str(cache / r) for r in reads}, "paths": {"run_dir": str(cache / recipe)}})
+    return recipe, dep, cache / recipe
+
+
+def _steps():
+    return (f"[{k}/9]" for k in range(1, 10))
+
+
+def test_stages_start_when_what_they_read_is_built_and_never_more_than_jobs_at_once(tmp_path, capsys):
+    cache, run = tmp_path / "stages", tmp_path / "run"
+    # plan order: a, b and e read nothing, c reads a and b, d reads a
+    todo = [_stage(cache, "a_2"), _stage(cache, "b_2"), _stage(cache, "c_0.1", "a_2", "b_2"),
+            _stage(cache, "d_0.1", "a_2"), _stage(cache, "e_0.3")]
+    build_stages(todo, 2, run, [], _steps(), command=_fake, poll_s=0.05)
+    times = {r["recipe"]: r for r in map(json.loads, (run / "stage_logs" / "times.jsonl").read_text().splitlines())}
+    assert set(times) == {"a_2", "b_2", "c_0.1", "d_0.1", "e_0.3"}
+    a, b, c, d = (times[k] for k in ("a_2", "b_2", "c_0.1", "d_0.1"))
+    assert a["start"] < b["end"] and b["start"] < a["end"]  # a and b built at once
+    assert c["start"] >= max(a["end"], b["end"]) and d["start"] >= a["end"]  # each after what it reads
+    spans = sorted((r["start"], r["end"]) for r in times.values())
+    assert all(sum(s <= t < e for s, e in spans) <= 2 for t, _ in spans)  # jobs=2: never three at once
+    out = capsys.readouterr().out
+    assert out.count("building the `") == 5 and out.count("a process of its own") == 5 and "[5/9] building" in out
+
+
+def test_a_failed_stage_stops_the_others_and_the_run_naming_its_console(tmp_path):
+    cache, run = tmp_path / "stages", tmp_path / "run"
+    todo = [_stage(cache, "slow_30"), _stage(cache, "fail3"), _stage(cache, "after_0.1", "fail3")]
+    start = time.monotonic()
+    with pytest.raises(StageBuildFailed) as err:
+        build_stages(todo, 2, run, [], _steps(), command=_fake, poll_s=0.05)
+    assert time.monotonic() - start < 20  # the 30-second build was stopped, not waited for
+    message = str(err.value)
+    assert "`fail3` stage failed (exit status 3)" in message and str(run / "stage_logs" / "fail3.log") in message
+    assert "a traceback the stage printed" in message
+    assert not (cache / "slow_30").exists() and not (cache / "after_0.1").exists()
+
+
+
+def test_a_stage_another_launch_built_meanwhile_is_reused_not_rebuilt(tmp_path, capsys):
+    cache = tmp_path / "stages"
+    (cache / "done_5").mkdir(parents=True)
+    (cache / "done_5" / "summary.json").write_text("{}")  # built after the plan, before its turn
+    build_stages([_stage(cache, "done_5"), _stage(cache, "next_0.1", "done_5")], 2, tmp_path / "run", [], _steps(),
+                 command=_fake, poll_s=0.05)
+    out = capsys.readouterr().out
+    assert "[1/9] reusing the `done_5` stage another launch built" in out and "[2/9] building the `next_0.1`" in out
+    assert not (tmp_path / "run" / "stage_logs" / "done_5.log").exists() and (cache / "next_0.1").is_dir()
+
+def test_a_stage_that_reads_an_unplanned_unbuilt_stage_is_an_error_not_a_hang(tmp_path):
+    cache = tmp_path / "stages"
+    with pytest.raises(StageBuildFailed, match="`x_0.1` stage"):
+        build_stages([_stage(cache, "x_0.1", "never")], 2, tmp_path / "run", [], _steps(), command=_fake)
+
+
+@pytest.mark.parametrize(("jobs", "cache", "processes", "devices", "error"), [
+    (0, True, 1, 1, "jobs must be an integer >= 1"), ("2", True, 1, 1, "jobs must be an integer"),
+    (2, False, 1, 1, "cache=false"), (2, True, 2, 1, "2 launched processes"), (2, True, 1, 2, "trainer.devices=2"),
+])
+def test_jobs_is_checked_before_any_work(jobs, cache, processes, devices, error):
+    with pytest.raises(ValueError, match=error):
+        check_jobs(jobs, cache, processes, devices)
+    assert check_jobs(1, False, 2, 4) == 1 and check_jobs(2, True, 1, "auto") == 2
+
+
+def test_a_worker_refuses_a_config_that_no_longer_hashes_to_the_planned_stage(tmp_path, monkeypatch):
+    monkeypatch.setattr("lrlhf.utils.console.setup_console", lambda *a, **k: None)  # the test process's own
+    dep = _compose(["recipe=sft", "world=toy_tiny", f"paths.cache_dir={tmp_path}"])
+    with open_dict(dep):
+        dep.world.dir = str(tmp_path / "world")
+    spec = tmp_path / "sft-000000000000.yaml"
+    OmegaConf.save(dep, spec)
+    meta = {"recipe": "sft", "out_dir": str(tmp_path / "stages" / "sft-000000000000"), "run_dir": str(tmp_path),
+            "overrides": []}
+    spec.with_suffix(".json").write_text(json.dumps(meta))
+    with pytest.raises(StageBuildFailed, match="hashes to sft-[0-9a-f]{12}, not the planned sft-000000000000"):
+        stage_worker.main([str(spec)])
+    assert not (tmp_path / "stages").exists()
+
+
+@pytest.mark.slow
+def test_jobs_2_builds_the_stages_a_sequential_launch_reuses(tmp_path):
+    """recipe=eval's needs (SFT, RM, DPO, PPO, RLOO, GRPO) built two at a time; the same command with jobs=1 then
+    finds every one of them (the workers' stages are the plan's, keys and all) and builds nothing."""
+    tiny = [*EVAL_TINY, 'stage_overrides.rloo=["trainer.max_steps=2","data.batch_size=2","eval=null"]',
+            'stage_overrides.grpo=["trainer.max_steps=2","data.batch_size=2","eval=null"]']
+    out = _train(tmp_path, "recipe=eval", "logger=none", "jobs=2", f"hydra.run.dir={tmp_path / 'run'}", *tiny)
+    assert out.stdout.count("(a process of its own,") == 6 and "2 of jobs=2 building" in out.stdout
+    logs = sorted(p.name.split("-")[0] for p in (tmp_path / "run" / "stage_logs").glob("*.log"))
+    assert logs == ["dpo_lora", "grpo_lora", "ppo_lora", "rloo_lora", "rm", "sft"]
+    again = _train(tmp_path, "recipe=eval", "logger=none", "jobs=1", f"hydra.run.dir={tmp_path / 'again'}", *tiny)
+    assert "building the `" not in again.stdout and again.stdout.count("reusing the `") == 6
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["gold/ppo"] == json.loads((tmp_path / "again" / "summary.json").read_text())["gold/ppo"]
+
