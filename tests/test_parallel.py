@@ -115,16 +115,22 @@ def test_a_worker_refuses_a_config_that_no_longer_hashes_to_the_planned_stage(tm
 
 @pytest.mark.slow
 def test_jobs_2_builds_the_stages_a_sequential_launch_reuses(tmp_path):
-    """recipe=eval's needs (SFT, RM, DPO, PPO, RLOO, GRPO) built two at a time; the same command with jobs=1 then
-    finds every one of them (the workers' stages are the plan's, keys and all) and builds nothing."""
-    tiny = [*EVAL_TINY, 'stage_overrides.rloo=["trainer.max_steps=2","data.batch_size=2","eval=null"]',
-            'stage_overrides.grpo=["trainer.max_steps=2","data.batch_size=2","eval=null"]']
-    out = _train(tmp_path, "recipe=eval", "logger=none", "jobs=2", f"hydra.run.dir={tmp_path / 'run'}", *tiny)
-    assert out.stdout.count("(a process of its own,") == 6 and "2 of jobs=2 building" in out.stdout
-    logs = sorted(p.name.split("-")[0] for p in (tmp_path / "run" / "stage_logs").glob("*.log"))
-    assert logs == ["dpo_lora", "grpo_lora", "ppo_lora", "rloo_lora", "rm", "sft"]
-    again = _train(tmp_path, "recipe=eval", "logger=none", "jobs=1", f"hydra.run.dir={tmp_path / 'again'}", *tiny)
-    assert "building the `" not in again.stdout and again.stdout.count("reusing the `") == 6
+    """recipe=frontier's needs (SFT, RM, DPO, PPO, RLOO, GRPO, PPO on the gold, iterative RLHF: a stage that composes
+    recipes of its own, in Hydra's context) built two at a time; the same command with jobs=1 then finds every one
+    of them (the workers' stages are the plan's, keys and all) and builds nothing."""
+    small = ["rounds.settings.n=2", "rounds.settings.initial_labels=40", "rounds.settings.labels_per_round=20",
+             "rounds.settings.ppo_steps=4", "rounds.settings.rm_steps=4", "data.batch_size=8",
+             "module.config.minibatch_size=8"]
+    iterative = "+stage_overrides.iterative=[" + ",".join(f'"{o}"' for o in small) + "]"
+    tiny = [*EVAL_TINY, "world.sizes.pref_train=40", iterative,
+            'stage_overrides.rloo=["trainer.max_steps=2","data.batch_size=2","eval=null"]',
+            'stage_overrides.grpo=["trainer.max_steps=2","data.batch_size=2","eval=null"]',
+            'stage_overrides.ppo_gold=["reward=gold","trainer.max_steps=4","data.batch_size=8","eval=null"]']
+    out = _train(tmp_path, "recipe=frontier", "logger=none", "jobs=2", f"hydra.run.dir={tmp_path / 'run'}", *tiny)
+    assert out.stdout.count("(a process of its own,") == 8 and "2 of jobs=2 building" in out.stdout
+    logs = sorted(p.name.rsplit("-", 1)[0] for p in (tmp_path / "run" / "stage_logs").glob("*.log"))
+    assert logs == ["dpo_lora", "grpo_lora", "iterative_ppo", "ppo_lora", "ppo_lora", "rloo_lora", "rm", "sft"]
+    again = _train(tmp_path, "recipe=frontier", "logger=none", f"hydra.run.dir={tmp_path / 'again'}", *tiny)
+    assert "building the `" not in again.stdout and again.stdout.count("reusing the `") == 8
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["gold/ppo"] == json.loads((tmp_path / "again" / "summary.json").read_text())["gold/ppo"]
-
+    assert summary["gold/iterative"] == json.loads((tmp_path / "again" / "summary.json").read_text())["gold/iterative"]

@@ -16,7 +16,9 @@ from lrlhf.run.planning import _stage_done, cache_folder
 
 def main(argv: list[str] | None = None) -> None:
     """Build the one stage the launch planned in ``<spec.yaml>`` (its meta in ``<spec.json>``)."""
-    from lrlhf.run.cli import _build_stage, hold_stage, register
+    from hydra import initialize_config_dir
+
+    from lrlhf.run.cli import ROOT, _build_stage, hold_stage, register
     from lrlhf.utils.console import setup_console  # before transformers is imported
 
     def stopped(signum, frame):  # the launch stopped this build before its training took the signal over
@@ -34,9 +36,10 @@ def main(argv: list[str] | None = None) -> None:
         raise StageBuildFailed(f"the `{recipe}` stage's config reloaded from {spec} hashes to "
                                f"{cache_folder(dep, recipe).name}, not the planned {out_dir.name}")
     lock = hold_stage(recipe, out_dir)
-    try:
-        if not _stage_done(out_dir):
-            _build_stage(recipe, dep, out_dir, Path(meta["run_dir"]), list(meta["overrides"]), True, "")
+    try:  # in Hydra's context, as in the launch: a stage that composes another recipe (iterative RLHF's RMs)
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base="1.3"):
+            if not _stage_done(out_dir):
+                _build_stage(recipe, dep, out_dir, Path(meta["run_dir"]), list(meta["overrides"]), True, "")
     finally:
         lock.release()
 
