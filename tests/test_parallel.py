@@ -1,6 +1,9 @@
 """``jobs=N``: needed stages built several at a time, each in a process of its own (lrlhf.run.parallel)."""
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -9,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf, open_dict
 from test_cli import EVAL_TINY, _compose, _train
 
-from lrlhf.run import stage_worker
+from lrlhf.run import parallel, stage_worker
 from lrlhf.run.parallel import StageBuildFailed, build_stages, check_jobs
 
 # A stand-in for a stage build: records when it ran, sleeps, then leaves a finished stage (its summary.json), or
@@ -19,6 +22,7 @@ import json, sys, time
 from pathlib import Path
 spec = Path(sys.argv[1]); meta = json.loads(spec.with_suffix(".json").read_text()); out = Path(meta["out_dir"])
 start = time.monotonic()
+spec.with_suffix(".pid").write_text(str(__import__("os").getpid()))
 if meta["recipe"].startswith("fail"):
     print("a traceback the stage printed"); sys.exit(int(meta["recipe"][4:]))
 time.sleep(float(meta["recipe"].split("_")[-1]))
@@ -58,44 +62,72 @@ def test_stages_start_when_what_they_read_is_built_and_never_more_than_jobs_at_o
     assert out.count("building the `") == 5 and out.count("a process of its own") == 5 and "[5/9] building" in out
 
 
-def test_a_failed_stage_stops_the_others_and_the_run_naming_its_console(tmp_path):
+def test_a_failed_stage_starts_nothing_more_lets_the_running_ones_finish_and_stops_the_run(tmp_path, capsys):
     cache, run = tmp_path / "stages", tmp_path / "run"
-    todo = [_stage(cache, "slow_30"), _stage(cache, "fail3"), _stage(cache, "after_0.1", "fail3")]
-    start = time.monotonic()
+    todo = [_stage(cache, "slow_2"), _stage(cache, "fail3"), _stage(cache, "after_0.1", "fail3"),
+            _stage(cache, "x_0.1")]
     with pytest.raises(StageBuildFailed) as err:
         build_stages(todo, 2, run, [], _steps(), command=_fake, poll_s=0.05)
-    assert time.monotonic() - start < 20  # the 30-second build was stopped, not waited for
     message = str(err.value)
     assert "`fail3` stage failed (exit status 3)" in message and str(run / "stage_logs" / "fail3.log") in message
     assert "a traceback the stage printed" in message
-    assert not (cache / "slow_30").exists() and not (cache / "after_0.1").exists()
+    assert "waiting for the 1 other stage build(s) to finish" in capsys.readouterr().err
+    assert (cache / "slow_2" / "summary.json").is_file()  # hours of another stage's work are kept
+    assert not (cache / "after_0.1").exists() and not (cache / "x_0.1").exists()  # nothing started after the failure
 
 
+def test_a_stopped_launch_stops_its_builds_a_stubborn_one_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr(parallel, "STOP_GRACE_S", 1.0)
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, "
+                                 "signal.SIG_IGN); print(flush=True); time.sleep(60)"], stdout=subprocess.PIPE)
+    stubborn.stdout.readline()  # its handler is set
+    start = time.monotonic()
+    parallel._stop({"a": ("a", polite, None, 0), "b": ("b", stubborn, None, 0)})
+    assert polite.poll() == -signal.SIGTERM and stubborn.poll() == -signal.SIGKILL and time.monotonic() - start < 10
 
-def test_a_stage_another_launch_built_meanwhile_is_reused_not_rebuilt(tmp_path, capsys):
+
+def test_sigterm_to_the_launch_stops_every_build_and_names_the_signal(tmp_path):
+    script = f"""
+import sys; sys.path[:0] = {[str(Path(__file__).parent)]!r}
+from pathlib import Path
+from test_parallel import _fake, _stage, _steps
+from lrlhf.run.parallel import build_stages
+cache = Path({str(tmp_path / "stages")!r})
+build_stages([_stage(cache, "a_60"), _stage(cache, "b_60")], 2, Path({str(tmp_path / "run")!r}), [], _steps(),
+             command=_fake, poll_s=0.05)
+"""
+    launch = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
+    pids = [tmp_path / "run" / "stage_logs" / f"{n}_60.pid" for n in "ab"]
+    deadline = time.monotonic() + 60
+    while not all(p.is_file() and p.read_text() for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    launch.send_signal(signal.SIGTERM)
+    _, err = launch.communicate(timeout=60)
+    assert launch.returncode != 0 and "SIGTERM" in err and "stopping 2 stage build(s)" in err
+    for pid in (int(p.read_text()) for p in pids):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # gone (the launch waited for them: no zombie)
+
+
+def test_a_stage_that_reads_an_unplanned_unbuilt_stage_is_an_error_before_any_build(tmp_path):
     cache = tmp_path / "stages"
-    (cache / "done_5").mkdir(parents=True)
-    (cache / "done_5" / "summary.json").write_text("{}")  # built after the plan, before its turn
-    build_stages([_stage(cache, "done_5"), _stage(cache, "next_0.1", "done_5")], 2, tmp_path / "run", [], _steps(),
-                 command=_fake, poll_s=0.05)
-    out = capsys.readouterr().out
-    assert "[1/9] reusing the `done_5` stage another launch built" in out and "[2/9] building the `next_0.1`" in out
-    assert not (tmp_path / "run" / "stage_logs" / "done_5.log").exists() and (cache / "next_0.1").is_dir()
-
-def test_a_stage_that_reads_an_unplanned_unbuilt_stage_is_an_error_not_a_hang(tmp_path):
-    cache = tmp_path / "stages"
-    with pytest.raises(StageBuildFailed, match="`x_0.1` stage"):
-        build_stages([_stage(cache, "x_0.1", "never")], 2, tmp_path / "run", [], _steps(), command=_fake)
+    with pytest.raises(StageBuildFailed, match="neither built nor planned: `x_0.1` reads .*never"):
+        build_stages([_stage(cache, "a_0.1"), _stage(cache, "x_0.1", "never")], 2, tmp_path / "run", [], _steps(),
+                     command=_fake)
+    assert not (cache / "a_0.1").exists()
 
 
 @pytest.mark.parametrize(("jobs", "cache", "processes", "devices", "error"), [
     (0, True, 1, 1, "jobs must be an integer >= 1"), ("2", True, 1, 1, "jobs must be an integer"),
     (2, False, 1, 1, "cache=false"), (2, True, 2, 1, "2 launched processes"), (2, True, 1, 2, "trainer.devices=2"),
+    (2, True, 1, [0, 1], "trainer.devices=\\[0, 1\\]"),
 ])
 def test_jobs_is_checked_before_any_work(jobs, cache, processes, devices, error):
     with pytest.raises(ValueError, match=error):
         check_jobs(jobs, cache, processes, devices)
-    assert check_jobs(1, False, 2, 4) == 1 and check_jobs(2, True, 1, "auto") == 2
+    assert check_jobs(1, False, 2, 4) == 1 and check_jobs(2, True, 1, "auto", "cpu") == 2
+    assert check_jobs(2, True, 1, [0]) == 2
 
 
 def test_a_worker_refuses_a_config_that_no_longer_hashes_to_the_planned_stage(tmp_path, monkeypatch):

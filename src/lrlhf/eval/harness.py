@@ -407,10 +407,10 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
     atomic_write_text(out_dir / "eval_results.json", json.dumps(results, indent=2, default=list) + "\n")
     if logger is not None:
         _log(logger, rows, plots, hyperparams or {}, results)
-    data = [str(out_dir / name) for name, written in (("frontier_curves.csv", "gold" in curves),
-                                                      ("goodhart.csv", bool(goodhart))) if written]
+    figures = [str(out_dir / name) for name, written in (("frontier_curves.csv", "gold" in curves),
+                                                         ("goodhart.csv", bool(goodhart))) if written]
     return {"table": str(md), "csv": str(csv_path), "results": str(out_dir / "eval_results.json"), "plots": plots,
-            "data": data,
+            "figures_csv": figures,
             "table_markdown": md.read_text(), **{f"gold/{r['policy']}": r.get("gold") for r in rows},
             **({} if judge_is_gold else judge_accuracy(judge)), "export": str(out_dir)}
 

@@ -394,8 +394,9 @@ class RewardModule(StageOutputs, pl.LightningModule):
             "similar": diff.abs() <= self.config.similar_length,
             "chosen_shorter": diff < -self.config.similar_length,
         }
-        for name, in_bucket in buckets.items():  # an empty bucket is updated too: every process computes alike
-            self.val_length_accuracy[name].update(correct[in_bucket])
+        for name, in_bucket in buckets.items():
+            if in_bucket.any():
+                self.val_length_accuracy[name].update(correct[in_bucket])
         if pairs.sources is not None:
             sources = [s for s, keep in zip(pairs.sources, labelled.tolist(), strict=True) if keep]
             self.register_sources(sources)
@@ -425,8 +426,8 @@ class RewardModule(StageOutputs, pl.LightningModule):
                 metric.update(torch.zeros(0, device=self.device))
             value = metric.compute()
             metric.reset()
-            if not torch.isnan(value):
-                self.log(name, value)
+            if not torch.isnan(value):  # the same value on every process: sync_dist only quiets Lightning's warning
+                self.log(name, value, sync_dist=True)
         # Margin distribution: CatMetric gathers every process's margins; summarised here, then reset.
         if self.val_margins.update_count == 0:
             return

@@ -150,7 +150,8 @@ def _run(cfg: DictConfig) -> dict:
     run_dir = Path(cfg.paths.run_dir)
     check_shared_run_dir(hydra_cfg)
     zero = is_global_zero()
-    jobs = check_jobs(cfg.jobs, bool(cfg.cache), launched_processes(), OmegaConf.select(cfg, "trainer.devices"))
+    jobs = check_jobs(cfg.jobs, bool(cfg.cache), launched_processes(), OmegaConf.select(cfg, "trainer.devices"),
+                      OmegaConf.select(cfg, "trainer.accelerator"))
     kind = kind_of(cfg)
     replace_target_nodes(cfg, overrides)
     reward_line = settle_own_reward(cfg, overrides)
@@ -354,6 +355,8 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
         raise SystemExit(f"lrlhf: no configs/train.yaml under {ROOT}: the package was installed without its "
                          "configuration (reinstall lrlhf)")
     verbose, args = verbose_requested(list(sys.argv[1:] if argv is None else argv))
+    if verbose:  # the stage workers of jobs=N read it
+        os.environ["LRLHF_VERBOSE"] = "1"
     args = _sized_for_the_machine(args)
     setup_console(verbose, wandb_offline=_wandb_offline())
     register()
@@ -368,8 +371,8 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
                 print(stop.message(args, prog), flush=True)
             _leave_launched_process(stop.code)
         raise
-    except KeyboardInterrupt:
-        print("\nlrlhf: interrupted (Ctrl+C)", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as stop:  # Ctrl+C, or a SIGTERM / SIGHUP while jobs=N builds stages
+        print(f"\nlrlhf: interrupted ({stop or 'Ctrl+C'})", file=sys.stderr, flush=True)
         raise SystemExit(130) from None
     _leave_launched_process(0)
 

@@ -19,7 +19,6 @@ Stages are built into the stage cache only (``cache=true``), by a launch of one 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from lrlhf.run.planning import _stage_done
 
@@ -39,26 +38,43 @@ class StageBuildFailed(RuntimeError):
     """A stage built in a process of its own failed; the message names it, its exit status and its log."""
 
 
-def check_jobs(jobs, cache: bool, processes: int, devices) -> int:
+def _one_device(devices, accelerator) -> bool:
+    if isinstance(devices, (list, tuple)) or type(devices).__name__ == "ListConfig":
+        return len(devices) == 1  # trainer.devices=[0]
+    if str(devices) == "auto":  # every GPU there is: one worker would take them all
+        import torch
+
+        return str(accelerator) == "cpu" or torch.cuda.device_count() <= 1
+    return str(devices) in ("1", "None")
+
+
+def check_jobs(jobs, cache: bool, processes: int, devices, accelerator=None) -> int:
     """``jobs`` as an integer >= 1; several only for cached stages of a one-process, one-device launch."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be an integer >= 1 (stages built at once), got {jobs!r}")
     if jobs > 1 and not cache:
         raise ValueError(f"jobs={jobs} builds the needed stages into the stage cache; with cache=false they are "
                          "built in the run folder one after another: drop jobs or cache=false")
-    if jobs > 1 and (processes > 1 or str(devices) not in ("1", "auto", "None")):
+    if jobs > 1 and (processes > 1 or not _one_device(devices, accelerator)):
         raise ValueError(f"jobs={jobs} with trainer.devices={devices} ({processes} launched processes): every "
-                         "process trains every stage, so stages are built one after another; drop jobs")
+                         "process trains every stage on every device, so stages are built one after another; drop "
+                         "jobs (or give the launch one device)")
     return jobs
+
+
+def _die_with_launch() -> None:
+    """In the worker, before it runs (Linux): SIGTERM when the launch dies, even killed (SIGKILL, the OOM killer)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def worker_command(spec: Path) -> list[str]:
     """The command that builds the stage ``spec`` describes (a test substitutes its own)."""
     return [sys.executable, "-m", "lrlhf.run.stage_worker", str(spec)]
-
-
-def _ready(dep: DictConfig) -> bool:
-    return all(_stage_done(Path(p)) for p in (dep.get("deps") or {}).values() if p)
 
 
 def _tail(log: Path, lines: int = 15) -> str:
@@ -68,38 +84,84 @@ def _tail(log: Path, lines: int = 15) -> str:
         return ""
 
 
+def _status(code: int) -> str:
+    return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
+
+
+class _Stop(KeyboardInterrupt):
+    """The launch was asked to stop (SIGTERM, SIGHUP) while stages were being built."""
+
+
 def _stop(running: dict) -> None:
-    for _, proc, _, _ in running.values():
-        if proc.poll() is None:
-            proc.terminate()  # the stage stops at its next safe point; its building folder is removed
-    deadline = time.monotonic() + STOP_GRACE_S
-    for _, proc, _, _ in running.values():
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()  # its half-built folder is removed by the next launch (a build whose process is gone)
-            proc.wait()
+    """Stop the builds still running: each at its next safe point (its building folder removed), killed after
+    :data:`STOP_GRACE_S`, or at once on a second signal."""
+    alive = [proc for _, proc, _, _ in running.values() if proc.poll() is None]
+    if not alive:
+        return
+
+    def kill_now(signum, frame):
+        for proc in alive:
+            proc.kill()
+
+    handlers = {s: signal.signal(s, kill_now) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        print(f"stopping {len(alive)} stage build(s) at their next safe point (up to {STOP_GRACE_S:.0f} s; a second "
+              "Ctrl+C kills them)", file=sys.stderr, flush=True)
+        for proc in alive:
+            proc.terminate()
+        deadline = time.monotonic() + STOP_GRACE_S
+        for proc in alive:
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()  # its half-built folder is removed by the next launch (a build whose process is gone)
+                proc.wait()
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+def _unplanned(todo: list) -> list[str]:
+    planned = {str(out_dir) for _, _, out_dir in todo}
+    return [f"`{recipe}` reads {p}" for recipe, dep, _ in todo for p in (dep.get("deps") or {}).values()
+            if p and str(p) not in planned and not _stage_done(Path(p))]
 
 
 def build_stages(todo: list, jobs: int, run_dir: Path, overrides: list[str], steps: Iterator[str],
                  command: Callable[[Path], list[str]] = worker_command, poll_s: float = 0.5) -> None:
     """Build every stage of ``todo`` (``(recipe, cfg, out_dir)`` in plan order), at most ``jobs`` at once, each
-    when the stages it reads are built; ``steps`` yields the console's ``[k/n]`` of each start."""
+    when the stages it reads are built; ``steps`` yields the console's ``[k/n]`` of each start. A stage that fails
+    starts nothing more; the builds running then finish (they stay in the cache), and the run stops naming it."""
+    if missing := _unplanned(todo):
+        raise StageBuildFailed(f"a stage reads a stage that is neither built nor planned: {'; '.join(missing)}")
     logs = run_dir / "stage_logs"
     logs.mkdir(parents=True, exist_ok=True)
-    waiting, running = list(todo), {}  # out_dir -> (recipe, process, log, start time)
+    waiting, running, failed = list(todo), {}, []  # running: out_dir -> (recipe, process, log, start time)
 
-    def on_term(signum, frame):  # the launch stopped (SIGTERM) stops its workers too, as Ctrl+C does
-        os.write(2, b"\nSIGTERM: stopping the stages being built\n")
-        raise KeyboardInterrupt
+    def on_signal(signum, frame):  # the launch stopped: its workers stop too, as on Ctrl+C
+        raise _Stop(signal.Signals(signum).name)
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
-        while waiting or running:
-            for recipe, dep, out_dir in list(waiting):
+        while running or (waiting and not failed):
+            for out_dir, (recipe, proc, log, start) in list(running.items()):
+                if proc.poll() is None:
+                    continue
+                del running[out_dir]
+                if proc.returncode != 0 or not _stage_done(out_dir):
+                    failed.append(f"building the `{recipe}` stage failed ({_status(proc.returncode)}); its console: "
+                                  f"{log}\n{_tail(log)}")
+                    print(f"lrlhf: {failed[-1]}" + (f"\nwaiting for the {len(running)} other stage build(s) to "
+                          "finish (they stay in the cache; Ctrl+C stops them)" if running else ""),
+                          file=sys.stderr, flush=True)
+                    continue
+                print(f"built the `{recipe}` stage in {(time.monotonic() - start) / 60:.1f} min: {out_dir}",
+                      flush=True)
+            for recipe, dep, out_dir in list(waiting) if not failed else ():
                 if len(running) >= jobs:
                     break
-                if not _ready(dep):
+                if not all(_stage_done(Path(p)) and Path(p) not in running
+                           for p in (dep.get("deps") or {}).values() if p):
                     continue
                 waiting.remove((recipe, dep, out_dir))
                 if _stage_done(out_dir):  # another launch built it meanwhile
@@ -111,28 +173,19 @@ def build_stages(todo: list, jobs: int, run_dir: Path, overrides: list[str], ste
                 spec.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
                 log = logs / f"{out_dir.name}.log"
                 with log.open("w") as out:
-                    proc = subprocess.Popen(command(spec), stdout=out, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
-                running[out_dir] = (recipe, proc, log, time.monotonic())
+                    running[out_dir] = (recipe, subprocess.Popen(
+                        command(spec), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                        start_new_session=True, preexec_fn=_die_with_launch if sys.platform == "linux" else None),
+                        log, time.monotonic())
                 print(f"{next(steps)} building the `{recipe}` stage this recipe needs, in {out_dir} (a process of "
                       f"its own, {len(running)} of jobs={jobs} building; its console: {log})", flush=True)
-            if not running and waiting:  # nothing builds and nothing can start: a stage reads one no plan builds
-                names = ", ".join(f"`{r}`" for r, _, _ in waiting)
-                raise StageBuildFailed(f"the {names} stage(s) read stages that are not built and not planned")
-            if not running:
-                break
-            time.sleep(poll_s)
-            for out_dir, (recipe, proc, log, start) in list(running.items()):
-                if proc.poll() is None:
-                    continue
-                del running[out_dir]
-                if proc.returncode != 0 or not _stage_done(out_dir):
-                    raise StageBuildFailed(
-                        f"building the `{recipe}` stage failed (exit status {proc.returncode}); its console: {log}"
-                        f"\n{_tail(log)}")
-                print(f"built the `{recipe}` stage in {(time.monotonic() - start) / 60:.1f} min: {out_dir}",
-                      flush=True)
+            if running:
+                time.sleep(poll_s)
+            elif waiting and not failed:  # cannot happen after _unplanned: a guard against a hang
+                raise StageBuildFailed(f"nothing can start: {', '.join(f'`{r}`' for r, _, _ in waiting)}")
+        if failed:
+            raise StageBuildFailed("\n".join(failed))
     finally:
         _stop(running)
-        signal.signal(signal.SIGTERM, previous)
-
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> None:
     from hydra import initialize_config_dir
 
     from lrlhf.run.cli import ROOT, _build_stage, hold_stage, register
-    from lrlhf.utils.console import setup_console  # before transformers is imported
+    from lrlhf.utils.console import setup_console, verbose_requested  # before transformers is imported
 
     def stopped(signum, frame):  # the launch stopped this build before its training took the signal over
         raise KeyboardInterrupt
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, stopped)  # so the building folder is removed and the stage's lock released
     spec = Path((sys.argv[1:] if argv is None else argv)[0])
     meta = json.loads(spec.with_suffix(".json").read_text())
-    setup_console(False, wandb_offline=True)
+    setup_console(verbose_requested([])[0], wandb_offline=True)  # the launch's --verbose: LRLHF_VERBOSE
     register()
     dep = OmegaConf.load(spec)
     OmegaConf.set_struct(dep, True)

@@ -199,8 +199,8 @@ def print_summary(summary: dict) -> None:
         for line in judge_lines(summary):  # what the table's judge can see
             print(line.strip())
         print(f"table: {summary['table']} (and {summary['csv']}); plots: {', '.join(summary['plots'].values())}")
-        if summary.get("data"):  # the plots' figures: frontier_curves.csv, goodhart.csv
-            print(f"the plots' figures: {', '.join(summary['data'])}")
+        if summary.get("figures_csv"):  # the plots' figures: frontier_curves.csv, goodhart.csv
+            print(f"the plots' figures: {', '.join(summary['figures_csv'])}")
         print(f"run folder: {summary['run_dir']}")
         return
     if summary["stage"] == "iterative":  # the rounds' table (lrlhf.run.rounds), then the final policy as any PPO's
