@@ -29,6 +29,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from lrlhf.run.planning import _stage_done
+from lrlhf.utils.io import atomic_write_text
 
 #: How long a stopped worker may take to stop at its next safe point before it is killed (seconds).
 STOP_GRACE_S = 60.0
@@ -121,10 +122,15 @@ def _stop(running: dict) -> None:
             signal.signal(signum, handler)
 
 
+def _reads(dep) -> list[Path]:
+    """The stage folders a planned stage reads (its ``deps``)."""
+    return [Path(p) for p in (dep.get("deps") or {}).values() if p]
+
+
 def _unplanned(todo: list) -> list[str]:
-    planned = {str(out_dir) for _, _, out_dir in todo}
-    return [f"`{recipe}` reads {p}" for recipe, dep, _ in todo for p in (dep.get("deps") or {}).values()
-            if p and str(p) not in planned and not _stage_done(Path(p))]
+    planned = {out_dir for _, _, out_dir in todo}
+    return [f"`{recipe}` reads {p}" for recipe, dep, _ in todo for p in _reads(dep)
+            if p not in planned and not _stage_done(p)]
 
 
 def build_stages(todo: list, jobs: int, run_dir: Path, overrides: list[str], steps: Iterator[str],
@@ -160,17 +166,16 @@ def build_stages(todo: list, jobs: int, run_dir: Path, overrides: list[str], ste
             for recipe, dep, out_dir in list(waiting) if not failed else ():
                 if len(running) >= jobs:
                     break
-                if not all(_stage_done(Path(p)) and Path(p) not in running
-                           for p in (dep.get("deps") or {}).values() if p):
+                if not all(_stage_done(p) and p not in running for p in _reads(dep)):
                     continue
                 waiting.remove((recipe, dep, out_dir))
                 if _stage_done(out_dir):  # another launch built it meanwhile
                     print(f"{next(steps)} reusing the `{recipe}` stage another launch built: {out_dir}", flush=True)
                     continue
                 spec = logs / f"{out_dir.name}.yaml"
-                OmegaConf.save(dep, spec)  # unresolved: the worker resolves it as the launch would
+                atomic_write_text(spec, OmegaConf.to_yaml(dep))  # unresolved: the worker resolves it as the launch
                 meta = {"recipe": recipe, "out_dir": str(out_dir), "run_dir": str(run_dir), "overrides": overrides}
-                spec.with_suffix(".json").write_text(json.dumps(meta, indent=2) + "\n")
+                atomic_write_text(spec.with_suffix(".json"), json.dumps(meta, indent=2) + "\n")
                 log = logs / f"{out_dir.name}.log"
                 with log.open("w") as out:
                     running[out_dir] = (recipe, subprocess.Popen(
