@@ -36,8 +36,9 @@ def _fake(spec: Path) -> list[str]:
     return [sys.executable, "-c", FAKE, str(spec)]
 
 
-def _stage(cache: Path, recipe: str, *reads: str):
-    dep = OmegaConf.create({"deps": {r: str(cache / r) for r in reads}, "paths": {"run_dir": str(cache / recipe)}})
+def _stage(cache: Path, recipe: str, *reads: str, trainer=None):
+    dep = OmegaConf.create({"deps": {r: str(cache / r) for r in reads}, "paths": {"run_dir": str(cache / recipe)},
+                            **({"trainer": trainer} if trainer else {})})
     return recipe, dep, cache / recipe
 
 
@@ -60,6 +61,27 @@ def test_stages_start_when_what_they_read_is_built_and_never_more_than_jobs_at_o
     assert all(sum(s <= t < e for s, e in spans) <= 2 for t, _ in spans)  # jobs=2: never three at once
     out = capsys.readouterr().out
     assert out.count("building the `") == 5 and out.count("a process of its own") == 5 and "[5/9] building" in out
+
+
+def test_free_workers_take_first_what_more_stages_wait_for_then_the_longest(tmp_path):
+    cache = tmp_path / "stages"
+    # frontier's shape: sft <- pairs <- rm <- {ppo, weak_kl}, pairs <- dpo, sft <- gold; plan order as the recipe's
+    todo = [_stage(cache, "sft", trainer={"max_steps": 32}), _stage(cache, "pairs", "sft"),
+            _stage(cache, "rm", "pairs", trainer={"max_steps": 192}),
+            _stage(cache, "dpo", "sft", "pairs", trainer={"max_steps": 88}),
+            _stage(cache, "ppo", "sft", "rm", trainer={"max_steps": 80}),
+            _stage(cache, "gold", "sft", trainer={"max_steps": -1, "limit_train_batches": 30, "max_epochs": 4}),
+            _stage(cache, "weak_kl", "sft", "rm", trainer={"max_steps": 800})]
+    # the pairs (3 stages wait on them through the RM) before nothing-waits; among the leaves the longest first:
+    # weak_kl 800, gold 30 x 4 = 120 batches, dpo 88, ppo 80
+    assert [r for r, _, _ in parallel.start_order(todo)] == ["sft", "pairs", "rm", "weak_kl", "gold", "dpo", "ppo"]
+    assert [r for r, _, _ in parallel.start_order(todo[::-1])][:3] == ["sft", "pairs", "rm"]
+    # and so on one worker (jobs=1 of build_stages) the long leaf is built before the short one planned earlier
+    run = tmp_path / "run"
+    build_stages([_stage(cache, "short_0.1", trainer={"max_steps": 2}), _stage(cache, "long_0.1",
+                  trainer={"max_steps": 9})], 1, run, [], _steps(), command=_fake, poll_s=0.05)
+    started = [json.loads(line)["recipe"] for line in (run / "stage_logs" / "times.jsonl").read_text().splitlines()]
+    assert started == ["long_0.1", "short_0.1"]
 
 
 def test_a_failed_stage_starts_nothing_more_lets_the_running_ones_finish_and_stops_the_run(tmp_path, capsys):

@@ -2,10 +2,12 @@
 
 A recipe that needs many stages (``recipe=frontier_text``: SFT, pairs, RM, then DPO, PPO, RLOO, GRPO, PPO on the
 gold and the weak-KL PPO) builds them one after another by default. With ``jobs=2`` on a 2-core machine (each
-stage at ``threads=1``), two stages whose needs are built run at once: after the RM, DPO and PPO, then the next two.
+stage at ``threads=1``), two stages whose needs are built run at once: after the RM, the weak-KL PPO (the longest)
+and the next, then the others as a worker frees.
 
 1. :func:`build_stages` (the launch): starts a stage once every stage it reads is built and fewer than ``jobs`` are
-   building, each as ``python -m lrlhf.run.stage_worker <spec>`` with its console in
+   building (of the stages that can start, first those that more stages wait for, then the longest by
+   :func:`start_order`), each as ``python -m lrlhf.run.stage_worker <spec>`` with its console in
    ``<run folder>/stage_logs/``; one that fails stops the others and the run, naming the stage, its exit status and
    its log's last lines.
 2. :func:`lrlhf.run.stage_worker.main` (a worker): reloads the planned stage config the launch wrote, checks
@@ -127,6 +129,40 @@ def _reads(dep) -> list[Path]:
     return [Path(p) for p in (dep.get("deps") or {}).values() if p]
 
 
+def _steps_of(dep) -> int:
+    """A stage's optimiser steps (``trainer.max_steps``, or its batches x epochs when those bound it): a rough
+    measure of how long it builds; 0 for a stage that does not train (the pairs: sampling)."""
+    trainer = dep.get("trainer") or {}
+    steps = trainer.get("max_steps")
+    if isinstance(steps, int) and steps > 0:
+        return steps
+    batches = trainer.get("limit_train_batches")
+    return batches * (trainer.get("max_epochs") or 1) if isinstance(batches, int) else 0
+
+
+def start_order(todo: list) -> list:
+    """``todo`` in the order free workers take the stages that can start: first the stages more planned stages read
+    (directly or through others: the RM before DPO, since PPO, RLOO and GRPO wait for it), then the longer by
+    optimiser steps (the weak-KL PPO's 800 before PPO's 80: a long build started last is a tail on one worker),
+    then plan order. The order changes which stage starts when, never what is built."""
+    readers = {out_dir: set() for _, _, out_dir in todo}
+    for _, dep, out_dir in todo:
+        for p in _reads(dep):
+            if p in readers:
+                readers[p].add(out_dir)
+
+    def waiting_on(out_dir) -> set:  # every planned stage that reads it, directly or through others
+        seen, frontier = set(), [out_dir]
+        while frontier:
+            new = readers[frontier.pop()] - seen
+            seen |= new
+            frontier.extend(new)
+        return seen
+
+    rank = {stage[2]: (-len(waiting_on(stage[2])), -_steps_of(stage[1]), i) for i, stage in enumerate(todo)}
+    return sorted(todo, key=lambda stage: rank[stage[2]])
+
+
 def _unplanned(todo: list) -> list[str]:
     planned = {out_dir for _, _, out_dir in todo}
     return [f"`{recipe}` reads {p}" for recipe, dep, _ in todo for p in _reads(dep)
@@ -136,13 +172,14 @@ def _unplanned(todo: list) -> list[str]:
 def build_stages(todo: list, jobs: int, run_dir: Path, overrides: list[str], steps: Iterator[str],
                  command: Callable[[Path], list[str]] = worker_command, poll_s: float = 0.5) -> None:
     """Build every stage of ``todo`` (``(recipe, cfg, out_dir)`` in plan order), at most ``jobs`` at once, each
-    when the stages it reads are built; ``steps`` yields the console's ``[k/n]`` of each start. A stage that fails
-    starts nothing more; the builds running then finish (they stay in the cache), and the run stops naming it."""
+    when the stages it reads are built, in :func:`start_order`; ``steps`` yields the console's ``[k/n]`` of each
+    start. A stage that fails starts nothing more; the builds running then finish (they stay in the cache), and the
+    run stops naming it."""
     if missing := _unplanned(todo):
         raise StageBuildFailed(f"a stage reads a stage that is neither built nor planned: {'; '.join(missing)}")
     logs = run_dir / "stage_logs"
     logs.mkdir(parents=True, exist_ok=True)
-    waiting, running, failed = list(todo), {}, []  # running: out_dir -> (recipe, process, log, start time)
+    waiting, running, failed = start_order(todo), {}, []  # running: out_dir -> (recipe, process, log, start time)
 
     def on_signal(signum, frame):  # the launch stopped: its workers stop too, as on Ctrl+C
         raise _Stop(signal.Signals(signum).name)
