@@ -132,6 +132,22 @@ build_stages([_stage(cache, "a_60"), _stage(cache, "b_60")], 2, Path({str(tmp_pa
             os.kill(pid, 0)  # gone (the launch waited for them: no zombie)
 
 
+def test_a_launch_stopped_by_a_signal_exits_as_the_signal_would():
+    # 143 for SIGTERM (a scheduler reads it as "terminated"), 130 for Ctrl+C, as a process the signal ended
+    script = """
+import signal, sys
+from lrlhf.run import cli, parallel
+def task(cfg):
+    raise parallel._Stop(signal.SIGTERM) if sys.argv[-1] == "jobs=2" else KeyboardInterrupt
+cli._task = task
+cli.main([sys.argv[-1]])
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src"), "WANDB_MODE": "offline"}
+    for arg, code, named in (("jobs=2", 143, "interrupted (SIGTERM)"), ("jobs=1", 130, "interrupted (Ctrl+C)")):
+        out = subprocess.run([sys.executable, "-c", script, arg], capture_output=True, text=True, env=env, timeout=120)
+        assert out.returncode == code and named in out.stderr, out.stderr[-2000:]
+
+
 def test_a_stage_that_reads_an_unplanned_unbuilt_stage_is_an_error_before_any_build(tmp_path):
     cache = tmp_path / "stages"
     with pytest.raises(StageBuildFailed, match="neither built nor planned: `x_0.1` reads .*never"):

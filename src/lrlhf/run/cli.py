@@ -372,8 +372,8 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
             _leave_launched_process(stop.code)
         raise
     except KeyboardInterrupt as stop:  # Ctrl+C, or a SIGTERM / SIGHUP while jobs=N builds stages
-        print(f"\nlrlhf: interrupted ({stop or 'Ctrl+C'})", file=sys.stderr, flush=True)
-        raise SystemExit(130) from None
+        print(f"\nlrlhf: interrupted ({str(stop) or 'Ctrl+C'})", file=sys.stderr, flush=True)
+        raise SystemExit(128 + getattr(stop, "signum", 2)) from None  # 130 for Ctrl+C (SIGINT), 143 for SIGTERM
     _leave_launched_process(0)
 
 

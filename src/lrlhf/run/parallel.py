@@ -92,7 +92,12 @@ def _status(code: int) -> str:
 
 
 class _Stop(KeyboardInterrupt):
-    """The launch was asked to stop (SIGTERM, SIGHUP) while stages were being built."""
+    """The launch was asked to stop (SIGTERM, SIGHUP) while stages were being built; the launch exits with
+    128 + the signal's number, as a process the signal ended (143 for SIGTERM)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
 def _stop(running: dict) -> None:
@@ -182,7 +187,7 @@ def build_stages(todo: list, jobs: int, run_dir: Path, overrides: list[str], ste
     waiting, running, failed = start_order(todo), {}, []  # running: out_dir -> (recipe, process, log, start time)
 
     def on_signal(signum, frame):  # the launch stopped: its workers stop too, as on Ctrl+C
-        raise _Stop(signal.Signals(signum).name)
+        raise _Stop(signum)
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
