@@ -202,5 +202,8 @@ def test_jobs_2_builds_the_stages_a_sequential_launch_reuses(tmp_path):
     assert logs == ["dpo_lora", "grpo_lora", "iterative_ppo", "ppo_lora", "ppo_lora", "rloo_lora", "rm", "sft"]
     again = _train(tmp_path, "recipe=frontier", "logger=none", f"hydra.run.dir={tmp_path / 'again'}", *tiny)
     assert "building the `" not in again.stdout and again.stdout.count("reusing the `") == 8
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["gold/iterative"] == json.loads((tmp_path / "again" / "summary.json").read_text())["gold/iterative"]
+    assert "in 2 processes (jobs=2)" in out.stdout and "processes (jobs=" not in again.stdout
+    # the evaluation's draws in two processes are one process's: every figure of every row, the curves too
+    results = [json.loads((tmp_path / run / "eval_results.json").read_text()) for run in ("run", "again")]
+    for key in ("rows", "bon_curve", "bon_gold_curve"):
+        assert results[0][key] == results[1][key], key

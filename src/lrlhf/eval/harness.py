@@ -37,37 +37,15 @@ from lrlhf.data.records import PromptExample
 from lrlhf.eval.best_of_n import bon_kl
 from lrlhf.eval.diversity import distinct_n, self_similarity
 from lrlhf.eval.frontier import gap_to_curve, mean_curve, per_prompt_curves
-from lrlhf.eval.heldout import ModelPolicy, sample_held_out
 from lrlhf.eval.judges import is_pairwise, judge_accuracy, judge_pairs, resolve_judge, score_responses
 from lrlhf.eval.lc_winrate import length_controlled_win_rate
 from lrlhf.eval.plots import plot_goodhart, plot_utility_vs_kl
 from lrlhf.eval.report import csv_table, subgroup_means, worst_subgroup, write_table
+from lrlhf.eval.sampling import Draw, Samples, Shared, draw_all, sample_policy  # noqa: F401 (re-exported)
 from lrlhf.eval.utility import bootstrap_interval
 from lrlhf.eval.winrate import win_rate
 from lrlhf.models.generation import SamplingConfig
 from lrlhf.utils.io import atomic_write_text
-
-
-@dataclass
-class Samples:
-    """``P x s`` responses of one policy (``texts[p][i]``: sample ``i`` of prompt ``p``) and their figures."""
-
-    name: str
-    texts: list[list[str]]
-    lengths: list[list[int]]
-    proxy: list[list[float]]
-    kl: list[list[float]] | None = None
-    """Per-sequence k1 sums against the reference; None with ``analytic_kl``."""
-    analytic_kl: float | None = None
-    """Best-of-N: ``log N - (N - 1) / N`` per sequence."""
-    judge: list[list[float]] = field(default_factory=list)
-    gold: list[list[float]] = field(default_factory=list)
-    ids: list[list[list[int]]] = field(default_factory=list)
-    """The response token ids (the actions: up to and including the first EOS)."""
-
-
-def _grid(values: Sequence, k: int) -> list[list]:
-    return [list(values[i:i + k]) for i in range(0, len(values), k)]
 
 
 def _mean(values) -> float:
@@ -76,31 +54,6 @@ def _mean(values) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- sampling
-def sample_policy(model, tokenizer, prompts: Sequence[PromptExample], n: int, sampling: SamplingConfig,
-                  reward_model, calibration=None, reference=None, batch_size: int = 256,
-                  max_prompt_length: int = 1024, name: str = "policy", reward=None) -> Samples:
-    """Sample ``n`` responses per prompt (adjacent rows, plain temperature sampling, deterministic from
-    ``sampling.seed`` in a forked RNG) and measure each: length (actions up to and including the first EOS),
-    the proxy score of prompt + response cut at the stop (as PPO scores it), and, with ``reference``, the
-    per-sequence sum of ``log pi - log pi_ref`` at the sampling temperature (0 without one). The held-out path of
-    :func:`lrlhf.eval.heldout.sample_held_out`, with every model in eval mode (restored afterwards)."""
-    if sampling.temperature <= 0:
-        raise ValueError("eval.temperature must be > 0: KL and Best-of-N need sampled responses")
-    policy = ModelPolicy(model, tokenizer, reward_model, sampling, reference=reference, calibration=calibration,
-                         reward=reward)
-    models = [m for m in (model, reference, reward_model) if m is not None]
-    modes = [m.training for m in models]
-    for m in models:
-        m.eval()
-    try:
-        out = sample_held_out(policy, list(prompts), n, sampling.seed, batch_size, max_prompt_length, label=name)
-    finally:
-        for m, mode in zip(models, modes, strict=True):
-            m.train(mode)
-    return Samples(name, _grid(out.texts, n), _grid(out.lengths.tolist(), n), _grid(out.proxy.tolist(), n),
-                   _grid(out.kl.tolist(), n), ids=_grid(out.ids, n))
-
-
 def best_of_n_from_pool(pool: Samples, n: int, picks: int) -> Samples:
     """``picks`` Best-of-``n`` responses per prompt from disjoint groups of ``n`` of the pool's samples (group
     ``j`` = samples ``[j n, (j + 1) n)``); the highest proxy wins, the earlier sample on equal scores."""
@@ -301,15 +254,18 @@ def _lookup(node, key: str):
     return node
 
 
+#: The Best-of-N pool's draw (a name no policy key has: it holds a space).
+POOL = "Best-of-N pool"
+
+
 def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | None = None, logger=None,
-             hyperparams: dict | None = None) -> dict:
+             hyperparams: dict | None = None, workers: int = 1) -> dict:
     """Evaluate the policies of ``ev`` (see the module docstring); returns the summary. ``goodhart_folder``: the
     stage folder whose held-out history ``goodhart.png`` plots; ``logger``: a Lightning logger the figures also go
-    to, with ``hyperparams``."""
+    to, with ``hyperparams``; ``workers``: the policies' and the pool's samples drawn in up to that many processes
+    (the same samples: :func:`lrlhf.eval.sampling.draw_all`)."""
     from lrlhf.data.formats import load_records
     from lrlhf.eval.best_of_n import toy_gold_judge
-    from lrlhf.models import ModelConfig, load_causal_lm, load_tokenizer
-    from lrlhf.models.reward import load_calibration, load_reward_model
 
     policies = dict(ev.policies)
     bon_ns = [int(n) for n in ev.bon.n]
@@ -322,17 +278,12 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
     gold = toy_gold_judge if all("task" in p.meta for p in prompts) else judge if getattr(judge, "exact", False) \
         else None
     judge_is_gold, has_gold = judge is gold, gold is not None
-    tokenizer = load_tokenizer(ModelConfig(str(ev.reference)))
-    reference = load_causal_lm(ModelConfig(str(ev.reference)))
-    reward_model, calibration, reward = None, None, ev.reward
-    if reward is None:
-        reward_model = load_reward_model(str(ev.reward_model))
-        calibration = load_calibration(str(ev.calibration)) if ev.calibration else None
-    else:
+    reward = ev.reward
+    if reward is not None:
         print(f"eval: the proxy is the reward source {type(reward).__name__} (its raw scores)")
-        reward.build(reference, tokenizer)
+    shared = Shared(prompts, str(ev.reference), ev.reward_model and str(ev.reward_model),
+                    ev.calibration and str(ev.calibration), ev.batch_size, reward)
     sampling = SamplingConfig(ev.max_new_tokens, ev.temperature, seed)
-    common = dict(reward_model=reward_model, calibration=calibration, batch_size=ev.batch_size, reward=reward)
 
     def finish(samples: Samples) -> Samples:  # gold and judge utilities, computed once per sample
         if has_gold and not samples.gold:
@@ -344,22 +295,15 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
             ]
         return samples
 
-    evaluated: dict[str, Samples] = {}
-    for name, path in policies.items():
-        print(f"eval: sampling {name} ({path})")
-        same = Path(path).resolve() == Path(str(ev.reference)).resolve()
-        model = reference if same else load_causal_lm(ModelConfig(path))
-        evaluated[name] = finish(sample_policy(model, tokenizer, prompts, ev.n_samples, sampling, name=name,
-                                               reference=None if same else reference, **common))
+    draws = [Draw(name, str(path), ev.n_samples, sampling) for name, path in policies.items()]
+    pool_size = max([ev.bon.curve_max, *(n * ev.n_samples for n in bon_ns)]) if bon_ns or ev.bon.curve_max else 0
+    if pool_size:  # Best-of-N under the proxy: one pool of the bon policy's samples, drawn apart from its own
+        draws.append(Draw(POOL, str(policies[ev.bon.policy]), pool_size,
+                          SamplingConfig(ev.max_new_tokens, ev.temperature, seed + 1), kl=False))
+    evaluated = {name: finish(samples) for name, samples in draw_all(shared, draws, workers).items()}
+    pool = evaluated.pop(POOL, None)
     curve, curves = [], {}
-    if bon_ns or ev.bon.curve_max:
-        pool_size = max([ev.bon.curve_max, *(n * ev.n_samples for n in bon_ns)])
-        source = policies[ev.bon.policy]
-        print(f"eval: Best-of-N pool, {pool_size} samples per prompt from {ev.bon.policy}")
-        pool_model = reference if Path(source).resolve() == Path(str(ev.reference)).resolve() else \
-            load_causal_lm(ModelConfig(source))
-        pool_sampling = SamplingConfig(ev.max_new_tokens, ev.temperature, seed + 1)  # not the policies' draws
-        pool = finish(sample_policy(pool_model, tokenizer, prompts, pool_size, pool_sampling, name="pool", **common))
+    if pool is not None:
         for n in bon_ns:
             evaluated[f"bon{n}"] = best_of_n_from_pool(pool, n, ev.n_samples)
         if has_gold and ev.bon.curve_max:
@@ -401,9 +345,10 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
     if ev.audit:  # the high-reward audit and the counterfactual table of every policy (audit.md, ...)
         from lrlhf.rewards.text import reward_model_scorer, text_scorer
 
-        raw = text_scorer(reward, tokenizer, batch_size=ev.batch_size) if reward is not None else \
-            reward_model_scorer(reward_model, tokenizer, batch_size=ev.batch_size)
-        results["counterfactual"] = _audits(evaluated, prompts, raw, calibration, judge, ev, out_dir, seed)
+        m = shared.models()  # loaded once in this process (the draws' may have been in workers)
+        raw = text_scorer(reward, m["tokenizer"], batch_size=ev.batch_size) if reward is not None else \
+            reward_model_scorer(m["reward_model"], m["tokenizer"], batch_size=ev.batch_size)
+        results["counterfactual"] = _audits(evaluated, prompts, raw, m["calibration"], judge, ev, out_dir, seed)
     atomic_write_text(out_dir / "eval_results.json", json.dumps(results, indent=2, default=list) + "\n")
     if logger is not None:
         _log(logger, rows, plots, hyperparams or {}, results)

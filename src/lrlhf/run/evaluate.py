@@ -13,7 +13,8 @@ from lrlhf.utils.io import atomic_write_text
 
 
 def run_eval_stage(cfg: DictConfig, out_dir: Path, final_dir: Path) -> dict:
-    """Evaluate the policies of ``cfg.eval`` into ``out_dir`` (one process: no collective runs in it)."""
+    """Evaluate the policies of ``cfg.eval`` into ``out_dir`` (one launched process: no collective runs in it; with
+    ``jobs=N`` its samples are drawn in N worker processes)."""
     from hydra.utils import instantiate
 
     from lrlhf.eval.harness import run_eval
@@ -28,6 +29,7 @@ def run_eval_stage(cfg: DictConfig, out_dir: Path, final_dir: Path) -> dict:
     logger = make_logger(cfg.logger) if cfg.get("logger") else None
     summary = {"stage": "eval", "run_dir": str(out_dir),
                **run_eval(settings, out_dir, int(cfg.seed), goodhart_folder=goodhart, logger=logger,
-                          hyperparams=OmegaConf.to_container(cfg, resolve=True) if logger is not None else None)}
+                          hyperparams=OmegaConf.to_container(cfg, resolve=True) if logger is not None else None,
+                          workers=int(cfg.get("jobs") or 1))}  # jobs=N: its draws in N processes
     atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
     return summary
