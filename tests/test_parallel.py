@@ -116,8 +116,12 @@ from pathlib import Path
 from test_parallel import _fake, _stage, _steps
 from lrlhf.run.parallel import build_stages
 cache = Path({str(tmp_path / "stages")!r})
-build_stages([_stage(cache, "a_60"), _stage(cache, "b_60")], 2, Path({str(tmp_path / "run")!r}), [], _steps(),
-             command=_fake, poll_s=0.05)
+try:
+    build_stages([_stage(cache, "a_60"), _stage(cache, "b_60")], 2, Path({str(tmp_path / "run")!r}), [], _steps(),
+                 command=_fake, poll_s=0.05)
+except KeyboardInterrupt as stop:  # as lrlhf.run.cli.main ends a stopped launch
+    print(f"interrupted ({{stop}})", file=sys.stderr)
+    sys.exit(128 + stop.signum)
 """
     launch = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     pids = [tmp_path / "run" / "stage_logs" / f"{n}_60.pid" for n in "ab"]
@@ -126,7 +130,7 @@ build_stages([_stage(cache, "a_60"), _stage(cache, "b_60")], 2, Path({str(tmp_pa
         time.sleep(0.1)
     launch.send_signal(signal.SIGTERM)
     _, err = launch.communicate(timeout=60)
-    assert launch.returncode != 0 and "SIGTERM" in err and "stopping 2 stage build(s)" in err
+    assert launch.returncode == 128 + signal.SIGTERM and "SIGTERM" in err and "stopping 2 stage build(s)" in err
     for pid in (int(p.read_text()) for p in pids):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # gone (the launch waited for them: no zombie)

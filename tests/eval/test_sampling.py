@@ -1,6 +1,7 @@
 """The evaluation's draws split over worker processes (``jobs=N``) are the draws of one process, bit for bit."""
 
 import copy
+import multiprocessing
 
 import pytest
 import torch
@@ -52,10 +53,12 @@ def test_draws_in_two_processes_are_the_draws_of_one(folders, capsys):
     sampling = SamplingConfig(max_new_tokens=10, temperature=1.0, seed=3)
     draws = [Draw("sft", str(root / "reference"), 2, sampling), Draw("ppo", str(root / "policy"), 2, sampling),
              Draw("pool", str(root / "reference"), 6, SamplingConfig(10, 1.0, 4), kl=False)]
-    one = draw_all(_shared(root, prompts), draws, workers=1)
-    two = draw_all(_shared(root, prompts), draws, workers=2)
+    scored = []
+    one = dict(zip(["sft", "ppo", "pool"], draw_all(_shared(root, prompts), draws, workers=1), strict=True))
+    two = dict(zip(["sft", "ppo", "pool"], draw_all(_shared(root, prompts), draws, workers=2,
+                                                    then=lambda s: scored.append(s.name) or s), strict=True))
     assert "sampling sft, ppo, pool in 2 processes (jobs=2), the largest first" in capsys.readouterr().out
-    assert list(two) == ["sft", "ppo", "pool"]
+    assert [s.name for s in two.values()] == ["sft", "ppo", "pool"] and sorted(scored) == ["pool", "ppo", "sft"]
     for name, samples in one.items():
         for figure in ("texts", "lengths", "proxy", "kl", "ids"):
             assert getattr(two[name], figure) == getattr(samples, figure), (name, figure)
@@ -68,6 +71,8 @@ def test_draws_in_two_processes_are_the_draws_of_one(folders, capsys):
 def test_a_draw_that_fails_in_a_worker_stops_the_evaluation_naming_its_folder(folders):
     root, prompts = folders
     sampling = SamplingConfig(max_new_tokens=10, temperature=1.0, seed=3)
-    draws = [Draw("sft", str(root / "reference"), 2, sampling), Draw("gone", str(root / "no_such_policy"), 2, sampling)]
+    draws = [Draw("pool", str(root / "reference"), 400, sampling, kl=False),  # the long draw, started first
+             Draw("gone", str(root / "no_such_policy"), 2, sampling)]
     with pytest.raises(Exception, match="no_such_policy"):
         draw_all(_shared(root, prompts), draws, workers=2)
+    assert multiprocessing.active_children() == []  # the long draw's worker was stopped, not left running

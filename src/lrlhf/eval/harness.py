@@ -254,10 +254,6 @@ def _lookup(node, key: str):
     return node
 
 
-#: The Best-of-N pool's draw (a name no policy key has: it holds a space).
-POOL = "Best-of-N pool"
-
-
 def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | None = None, logger=None,
              hyperparams: dict | None = None, workers: int = 1) -> dict:
     """Evaluate the policies of ``ev`` (see the module docstring); returns the summary. ``goodhart_folder``: the
@@ -298,10 +294,11 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
     draws = [Draw(name, str(path), ev.n_samples, sampling) for name, path in policies.items()]
     pool_size = max([ev.bon.curve_max, *(n * ev.n_samples for n in bon_ns)]) if bon_ns or ev.bon.curve_max else 0
     if pool_size:  # Best-of-N under the proxy: one pool of the bon policy's samples, drawn apart from its own
-        draws.append(Draw(POOL, str(policies[ev.bon.policy]), pool_size,
+        draws.append(Draw("pool", str(policies[ev.bon.policy]), pool_size,
                           SamplingConfig(ev.max_new_tokens, ev.temperature, seed + 1), kl=False))
-    evaluated = {name: finish(samples) for name, samples in draw_all(shared, draws, workers).items()}
-    pool = evaluated.pop(POOL, None)
+    drawn = draw_all(shared, draws, workers, then=finish)  # each scored as it is drawn: a bad judge fails early
+    evaluated = dict(zip(policies, drawn[:len(policies)], strict=True))
+    pool = drawn[-1] if pool_size else None
     curve, curves = [], {}
     if pool is not None:
         for n in bon_ns:

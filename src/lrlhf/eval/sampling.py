@@ -14,8 +14,8 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import time
-from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -155,15 +155,17 @@ def _draw_in_worker(d: Draw) -> tuple[Samples, float]:
     return draw(_WORKER["shared"], d, progress=False), time.monotonic() - start
 
 
-def draw_all(shared: Shared, draws: list[Draw], workers: int = 1) -> dict[str, Samples]:
-    """Every draw, by name in ``draws``' order: one after another in this process (``workers`` 1, or a reward
-    source object, which a worker cannot rebuild), else in up to ``workers`` processes, the largest first."""
+def draw_all(shared: Shared, draws: list[Draw], workers: int = 1,
+             then: Callable[[Samples], Samples] = lambda samples: samples) -> list[Samples]:
+    """Every draw, in ``draws``' order, each passed through ``then`` (the launch's gold and judge scores) as soon as
+    it is drawn: one after another in this process (``workers`` 1, or a reward source object, which a worker cannot
+    rebuild), else in up to ``workers`` processes, the largest first. A draw that fails stops the others at once."""
     if workers <= 1 or len(draws) < 2 or shared.reward is not None:
-        out = {}
+        out = []
         for d in draws:
             print(f"eval: sampling {d.name} ({d.path})" if d.kl else
                   f"eval: Best-of-N pool, {d.n} samples per prompt from {d.path}", flush=True)
-            out[d.name] = draw(shared, d)
+            out.append(then(draw(shared, d)))
         return out
     import torch
 
@@ -174,11 +176,13 @@ def draw_all(shared: Shared, draws: list[Draw], workers: int = 1) -> dict[str, S
     pool = ProcessPoolExecutor(n, mp_context=context, initializer=_start_worker,
                                initargs=(shared, torch.get_num_threads()))
     try:
-        futures = {d.name: pool.submit(_draw_in_worker, d) for d in sorted(draws, key=lambda d: -d.n)}
-        out = {}
-        for d in draws:
-            out[d.name], seconds = futures[d.name].result()
+        futures = {pool.submit(_draw_in_worker, d): i for i, d in sorted(enumerate(draws), key=lambda x: -x[1].n)}
+        out: list = [None] * len(draws)
+        for future in as_completed(futures):  # a failure surfaces when it happens, not after the draws before it
+            samples, seconds = future.result()
+            d = draws[futures[future]]
             print(f"eval: sampled {d.name} ({d.n} a prompt) in {seconds / 60:.1f} min", flush=True)
+            out[futures[future]] = then(samples)
     except BaseException:  # a draw failed, or Ctrl+C: the other draws stop now, not when they finish
         for process in list((getattr(pool, "_processes", None) or {}).values()):
             process.terminate()

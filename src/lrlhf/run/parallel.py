@@ -2,8 +2,8 @@
 
 A recipe that needs many stages (``recipe=frontier_text``: SFT, pairs, RM, then DPO, PPO, RLOO, GRPO, PPO on the
 gold and the weak-KL PPO) builds them one after another by default. With ``jobs=2`` on a 2-core machine (each
-stage at ``threads=1``), two stages whose needs are built run at once: after the RM, the weak-KL PPO (the longest)
-and the next, then the others as a worker frees.
+stage at ``threads=1``), two stages whose needs are built run at once: the pairs beside PPO on the gold, then the
+RM, DPO, and once the RM is built the weak-KL PPO (the longest) before PPO, RLOO and GRPO, as workers free.
 
 1. :func:`build_stages` (the launch): starts a stage once every stage it reads is built and fewer than ``jobs`` are
    building (of the stages that can start, first those that more stages wait for, then the longest by
@@ -99,6 +99,9 @@ class _Stop(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
+    def __reduce__(self):  # copied or pickled as it was made
+        return type(self), (self.signum,)
+
 
 def _stop(running: dict) -> None:
     """Stop the builds still running: each at its next safe point (its building folder removed), killed after
@@ -137,12 +140,12 @@ def _reads(dep) -> list[Path]:
 def _steps_of(dep) -> int:
     """A stage's optimiser steps (``trainer.max_steps``, or its batches x epochs when those bound it): a rough
     measure of how long it builds; 0 for a stage that does not train (the pairs: sampling)."""
+    def count(value) -> int:  # a positive int, else 0 (null, -1: unbounded, a fraction, a bool)
+        return value if type(value) is int and value > 0 else 0
+
     trainer = dep.get("trainer") or {}
-    steps = trainer.get("max_steps")
-    if isinstance(steps, int) and steps > 0:
-        return steps
-    batches = trainer.get("limit_train_batches")
-    return batches * (trainer.get("max_epochs") or 1) if isinstance(batches, int) else 0
+    return count(trainer.get("max_steps")) or \
+        count(trainer.get("limit_train_batches")) * (count(trainer.get("max_epochs")) or 1)
 
 
 def start_order(todo: list) -> list:
