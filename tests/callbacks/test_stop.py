@@ -64,6 +64,26 @@ def test_sigterm_stops_at_the_rollout_end_with_a_checkpoint_and_resumes_bitwise(
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+class SignalAtTrainStart(Callback):
+    """SIGTERM as training starts, before StopOnSignal (the last callback) installs its handlers: Lightning's own
+    handler catches it, as one during the fit's setup (a PPO run's reward calibration)."""
+
+    def on_train_start(self, trainer, pl_module):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_sigterm_caught_before_training_starts_stops_at_the_first_rollout_end_saying_how_to_resume(
+        world, tokenizer, tmp_path):
+    # Lightning's flag, left set, made its loop raise SIGTERMException (a SystemExit with no status: exit 0, no
+    # message) after the first rollout's checkpoint and before last.ckpt pointed at it
+    with pytest.raises(TrainingStopped) as stopped:
+        _fit(world, tokenizer, tmp_path / "early", 3, SignalAtTrainStart())
+    stop = stopped.value
+    assert stop.code == 128 + signal.SIGTERM and (stop.unit, stop.done) == ("rollout", 1)
+    folder = tmp_path / "early" / "ckpt"
+    assert (folder / "last.ckpt").resolve().name == "rollout=000001.ckpt"
+
+
 def test_a_second_sigint_stops_at_once_without_a_checkpoint(world, tokenizer, tmp_path):
     before = signal.getsignal(signal.SIGINT)
     try:

@@ -48,7 +48,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
-from lrlhf.utils.compat import validates_after_this_batch
+from lrlhf.utils.compat import take_over_sigterm, validates_after_this_batch
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -108,7 +108,7 @@ class StopOnSignal(Callback):
         trainer.callbacks = [c for c in trainer.callbacks if c is not self] + [self]
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.received = signal.SIGTERM if trainer.received_sigterm else None
+        self.received = signal.SIGTERM if take_over_sigterm(trainer) else None  # Lightning's flag cleared
         self._announce = trainer.is_global_zero
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread

@@ -365,6 +365,10 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
         hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")(_task)()
     except SystemExit as stop:
         stopping = sys.modules.get("lrlhf.callbacks.stop")  # loaded by every run that trains
+        if type(stop).__name__ == "SIGTERMException":  # Lightning's, outside training (a stage's test): no status
+            print("\nlrlhf: stopped by SIGTERM outside training (the stage being built is dropped; the stages built "
+                  "before it stay in the cache: the same command goes on from them)", file=sys.stderr, flush=True)
+            raise SystemExit(128 + 15) from None
         if stopping is not None and isinstance(stop, stopping.TrainingStopped):
             close_process_group()  # every rank stopped at the same boundary; none may exit with the group open
             if stop.global_zero:

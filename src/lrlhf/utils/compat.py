@@ -22,7 +22,8 @@ this module for the spelling instead of naming one version's:
   :func:`load_frozen_adapter` loads it and gives back every other parameter its ``requires_grad``.
 - **Lightning's private loop state** (2.6.0-2.6.6 alike): a step metric's last value kept in ``trainer._results``
   (:func:`forget_step_metrics`), and whether a validation follows the batch that is ending
-  (:func:`validates_after_this_batch`, which the checkpoint and the clean stop wait for).
+  (:func:`validates_after_this_batch`, which the checkpoint and the clean stop wait for); and the SIGTERM flag its
+  own handler sets (:func:`take_over_sigterm`).
 """
 
 from __future__ import annotations
@@ -135,5 +136,18 @@ def validates_after_this_batch(trainer) -> bool:
         return False
 
 
+def take_over_sigterm(trainer) -> bool:
+    """Whether Lightning's own SIGTERM handler caught a signal before training started, which the caller takes over:
+    the flag is cleared. Left set, Lightning's training loop raises its ``SIGTERMException`` (a ``SystemExit`` with
+    no status: the process ended with status 0, silently) at the end of the first batch, before the clean stop could
+    point ``last.ckpt`` at its checkpoint and say how to resume. The flag lives on the Trainer's private signal
+    connector (``trainer.received_sigterm`` reads it) from lightning 2.6.0 to 2.6.6."""
+    received = bool(getattr(trainer, "received_sigterm", False))
+    connector = getattr(trainer, "_signal_connector", None)
+    if received and connector is not None and hasattr(connector, "received_sigterm"):
+        connector.received_sigterm = False
+    return received
+
+
 __all__ = ["CACHE_KEYWORDS", "cache_keyword", "forget_step_metrics", "static_cache", "transformers_version",
-           "unwrap_model", "validates_after_this_batch"]
+           "take_over_sigterm", "unwrap_model", "validates_after_this_batch"]
