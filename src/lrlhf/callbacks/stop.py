@@ -29,7 +29,10 @@ Lightning's own SIGTERM handling (it sets ``trainer.received_sigterm`` and raise
 batch, writing no checkpoint) is set aside while training runs: the handlers are installed at
 ``on_train_start``, after the Trainer registered its own at fit start, and put back at ``on_train_end`` or
 ``on_exception``, before the Trainer restores the ones it found. A SIGTERM Lightning caught before
-``on_train_start`` is taken over.
+``on_train_start`` (during the fit's setup: a PPO run's reward calibration) is taken over and Lightning's flag cleared
+(:func:`lrlhf.utils.compat.take_over_sigterm`): left set, its loop ended the process after the first batch with
+status 0 and no message. A SIGTERM during a stage's test outside training is Lightning's: ``lrlhf.run.cli.main``
+ends the launch with 143 and a line when its loop raises; one on the test's last batch is not seen (see issue notes).
 
 The callback runs last at a batch end (at ``setup`` it moves itself to the end of ``trainer.callbacks``): the
 checkpoint, early-stopping and KL callbacks have done this boundary's work, so the checkpoint is the one the
