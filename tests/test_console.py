@@ -145,12 +145,13 @@ def test_sigterm_stops_a_running_ppo_run_which_resumes_to_the_uninterrupted_resu
         time.sleep(0.5)  # a rollout or two in
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
-        _, stderr = proc.communicate(timeout=10)
+        _, stderr = proc.communicate(timeout=60)  # a loaded 2-core CI machine took > 10 s for the rollout's end
         took = time.monotonic() - sent
     finally:
         proc.kill()
     stdout = (tmp_path / "stdout").read_text()
-    assert proc.returncode == 128 + signal.SIGTERM and took < 10, (proc.returncode, took, stderr[-3000:])
+    # stopped, not run to its end: a rollout before the 12th, nothing exported (below); the time is a loose guard
+    assert proc.returncode == 128 + signal.SIGTERM and took < 60, (proc.returncode, took, stderr[-3000:])
     found = re.search(r"stopped on SIGTERM after rollout (\d+) of the `ppo` stage; checkpoint: (\S+)", stdout)
     assert found, stdout[-3000:] + stderr[-3000:]
     done = int(found.group(1))
