@@ -22,6 +22,7 @@ from pathlib import Path
 from lrlhf.data.records import PromptExample
 from lrlhf.eval.heldout import ModelPolicy, sample_held_out
 from lrlhf.models.generation import SamplingConfig
+from lrlhf.utils.distributed import die_with_parent
 
 
 @dataclass
@@ -139,13 +140,8 @@ def _start_worker(shared: Shared, threads: int) -> None:
 
     setup_console(verbose_requested([])[0], wandb_offline=True)  # the launch's quiet console (LRLHF_VERBOSE: not)
 
-    try:  # Linux: SIGTERM when the launch dies, even killed; Ctrl+C is the launch's to handle
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the launch's to handle: it stops the workers
     torch.set_num_threads(threads)
     _WORKER["shared"] = shared
 

@@ -15,6 +15,7 @@ import logging
 import netrc
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -365,10 +366,12 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
         hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")(_task)()
     except SystemExit as stop:
         stopping = sys.modules.get("lrlhf.callbacks.stop")  # loaded by every run that trains
-        if type(stop).__name__ == "SIGTERMException":  # Lightning's, outside training (a stage's test): no status
+        lightning_errors = sys.modules.get("lightning.pytorch.utilities.exceptions")  # loaded with Lightning
+        if lightning_errors is not None and isinstance(stop, lightning_errors.SIGTERMException):
+            # Lightning's, outside training (a stage's test loop), a SystemExit with no status: it exited 0
             print("\nlrlhf: stopped by SIGTERM outside training (the stage being built is dropped; the stages built "
                   "before it stay in the cache: the same command goes on from them)", file=sys.stderr, flush=True)
-            raise SystemExit(128 + 15) from None
+            raise SystemExit(128 + signal.SIGTERM) from None
         if stopping is not None and isinstance(stop, stopping.TrainingStopped):
             close_process_group()  # every rank stopped at the same boundary; none may exit with the group open
             if stop.global_zero:

@@ -31,6 +31,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from lrlhf.run.planning import _stage_done
+from lrlhf.utils.distributed import die_with_parent
 from lrlhf.utils.io import atomic_write_text
 
 #: How long a stopped worker may take to stop at its next safe point before it is killed (seconds).
@@ -63,16 +64,6 @@ def check_jobs(jobs, cache: bool, processes: int, devices, accelerator=None) -> 
                          "process trains every stage on every device, so stages are built one after another; drop "
                          "jobs (or give the launch one device)")
     return jobs
-
-
-def _die_with_launch() -> None:
-    """In the worker, before it runs (Linux): SIGTERM when the launch dies, even killed (SIGKILL, the OOM killer)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def worker_command(spec: Path) -> list[str]:
@@ -225,7 +216,7 @@ def build_stages(todo: list, jobs: int, run_dir: Path, overrides: list[str], ste
                 with log.open("w") as out:
                     running[out_dir] = (recipe, subprocess.Popen(
                         command(spec), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        start_new_session=True, preexec_fn=_die_with_launch if sys.platform == "linux" else None),
+                        start_new_session=True, preexec_fn=die_with_parent if sys.platform == "linux" else None),
                         log, time.monotonic())
                 print(f"{next(steps)} building the `{recipe}` stage this recipe needs, in {out_dir} (a process of "
                       f"its own, {len(running)} of jobs={jobs} building; its console: {log})", flush=True)

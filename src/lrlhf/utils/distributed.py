@@ -16,6 +16,18 @@ import torch
 from torch import Tensor
 
 
+def die_with_parent() -> None:
+    """In a child process (Linux): SIGTERM when its parent dies, even killed (SIGKILL, the OOM killer): a stage worker
+    of ``jobs=N`` or an evaluation worker never outlives its launch. Elsewhere nothing."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def world_size() -> int:
     """Processes in the default group; 1 without an initialised process group."""
     dist = torch.distributed
