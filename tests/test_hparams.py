@@ -21,7 +21,10 @@ def test_smollm2_full_reaches_every_stage_a_ppo_launch_builds(tmp_path):
     base = ["world=toy_tiny", "model=smollm2"]
     ppo, stages = _planned(tmp_path, "ppo_lora", [*base, "hparams=smollm2_full"])
     assert ppo.module.config.policy_lora.layers is None  # every layer
-    assert ppo.module.config.lr == pytest.approx(1e-3) and ppo.trainer.max_steps == 80
+    assert ppo.module.config.lr == pytest.approx(1e-3) and ppo.trainer.max_steps == 160
+    # PPO's measured shape: 8 prompts x 4 answers a rollout (bench/RESULTS.md), the lr schedule as long as the run
+    assert ppo.data.batch_size == 8 and ppo.module.advantage.samples_per_prompt == 4
+    assert ppo.module.config.total_steps == 160
     rm = stages["rm"][0]
     assert rm.module.config.lora.layers is None and rm.module.config.lr == pytest.approx(1e-3)
     assert rm.trainer.max_steps == 192 and rm.trainer.val_check_interval == 64
@@ -29,6 +32,7 @@ def test_smollm2_full_reaches_every_stage_a_ppo_launch_builds(tmp_path):
 
     plain, plain_stages = _planned(tmp_path, "ppo_lora", base)
     assert plain.module.config.policy_lora.layers == 8 and plain.module.config.lr == pytest.approx(5e-5)
+    assert plain.data.batch_size == 16 and plain.module.advantage.samples_per_prompt == 1  # one answer a prompt
     assert plain_stages["rm"][0].module.config.lora.layers == 8
     # the same SFT stage, so a cache built with hparams=smollm2 keeps it
     assert plain_stages["sft_lora"][1] == stages["sft_lora"][1]
@@ -36,6 +40,18 @@ def test_smollm2_full_reaches_every_stage_a_ppo_launch_builds(tmp_path):
     # and the same RM stage as the measured runs' command-line overrides built
     _, measured = _planned(tmp_path, "ppo_lora", [*base, *MEASURED_RM])
     assert measured["rm"][1] == stages["rm"][1]
+
+
+def test_a_scale_s_ppo_shape_reaches_every_ppo_stage_and_the_command_line_wins(tmp_path):
+    base = ["world=toy_tiny", "model=smollm2", "hparams=smollm2_full"]
+    weak, _ = _planned(tmp_path, "ppo_weak_kl", base)
+    assert weak.data.batch_size == 8 and weak.module.advantage.samples_per_prompt == 4
+    toy, _ = _planned(tmp_path, "ppo_lora", ["world=toy_tiny"])
+    assert toy.module.advantage.samples_per_prompt == 1  # a scale without the key: one answer a prompt
+    mine, _ = _planned(tmp_path, "ppo_lora", [*base, "module.advantage.samples_per_prompt=2"])
+    assert mine.module.advantage.samples_per_prompt == 2
+    rloo, _ = _planned(tmp_path, "rloo_lora", base)
+    assert rloo.module.advantage.samples_per_prompt == 4 and rloo.data.batch_size == 4  # RLOO's own group
 
 
 def test_smollm2_full_reaches_dpo(tmp_path):
