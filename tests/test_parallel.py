@@ -140,10 +140,11 @@ def test_a_launch_stopped_by_a_signal_exits_as_the_signal_would():
     # 143 for SIGTERM (a scheduler reads it as "terminated"), 130 for Ctrl+C, as a process the signal ended
     script = """
 import signal, sys
-from lrlhf.run import cli, parallel
+from lrlhf.run import cli
+from lrlhf.utils.launch_signals import Stopped
 def task(cfg):
     from lightning.pytorch.utilities.exceptions import SIGTERMException
-    raise {"jobs=2": parallel._Stop(signal.SIGTERM), "jobs=1": KeyboardInterrupt, "jobs=3": SIGTERMException}[
+    raise {"jobs=2": Stopped(signal.SIGTERM), "jobs=1": KeyboardInterrupt, "jobs=3": SIGTERMException}[
         sys.argv[-1]]
 cli._task = task
 cli.main([sys.argv[-1]])

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lrlhf.run.cache_hints import threads_hints
 from lrlhf.run.own_reward import replace_target_nodes, settle_own_reward
-from lrlhf.run.parallel import StageBuildFailed, build_stages, check_jobs
+from lrlhf.run.parallel import StageBuildFailed, build_stages, check_jobs, one_device
 from lrlhf.run.planning import (
     OWNER_FILE,
     _building_folder,
@@ -41,6 +41,7 @@ from lrlhf.run.planning import (
 )
 from lrlhf.run.stages import TRAINED_STAGES, kind_of, run_stage
 from lrlhf.run.training import at_folder, stage_label
+from lrlhf.utils import launch_signals
 from lrlhf.utils.console import print_summary
 from lrlhf.utils.distributed import close_process_group
 from lrlhf.utils.errors import InvariantError
@@ -127,11 +128,20 @@ def run(cfg: DictConfig) -> dict:
     if lock is not None and not lock.acquire():
         raise RunFolderInUse(f"the run folder {cfg.paths.run_dir} is in use by another launch ({lock.owner()}): let "
                              "it end, or give this one another folder (hydra.run.dir=...)")
-    try:
-        return _run(cfg)
+    try:  # a SIGTERM outside training stops a one-process launch at once (lrlhf.utils.launch_signals)
+        with launch_signals.handled(_one_process(cfg)):
+            return _run(cfg)
     finally:
         if lock is not None:
             lock.release()
+
+
+def _one_process(cfg: DictConfig) -> bool:
+    """A launch of one process on one device (no rank of it would wait for another that stopped on its own)."""
+    from lrlhf.utils.distributed import launched_processes
+
+    return launched_processes() <= 1 and one_device(OmegaConf.select(cfg, "trainer.devices"),
+                                                    OmegaConf.select(cfg, "trainer.accelerator"))
 
 
 class RunFolderInUse(ValueError):
@@ -270,6 +280,7 @@ def _build_stage(recipe: str, dep, out_dir: Path, run_dir: Path, overrides: list
         (building / OWNER_FILE).unlink(missing_ok=True)
         swap_folder_in(building, out_dir)
     barrier()  # the next stage reads this one's export
+    launch_signals.stop_if_signalled()  # a SIGTERM during its test loop: the stage is in the cache, the launch stops
 
 
 def _by_batches(trainer) -> bool:
@@ -378,8 +389,10 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
                 print(stop.message(args, prog), flush=True)
             _leave_launched_process(stop.code)
         raise
-    except KeyboardInterrupt as stop:  # Ctrl+C, or a SIGTERM / SIGHUP while jobs=N builds stages
-        print(f"\nlrlhf: interrupted ({str(stop) or 'Ctrl+C'})", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as stop:  # Ctrl+C, or a SIGTERM outside training (SIGHUP too while jobs=N builds)
+        kept = ("; a stage being built is dropped, the stages built stay in the cache: the same command goes on from "
+                "them") if getattr(stop, "signum", signal.SIGINT) != signal.SIGINT else ""
+        print(f"\nlrlhf: interrupted ({str(stop) or 'Ctrl+C'}){kept}", file=sys.stderr, flush=True)
         raise SystemExit(128 + getattr(stop, "signum", 2)) from None  # 130 for Ctrl+C (SIGINT), 143 for SIGTERM
     _leave_launched_process(0)
 

@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from lrlhf.run.planning import _stage_done
 from lrlhf.utils.distributed import die_with_parent
 from lrlhf.utils.io import atomic_write_text
+from lrlhf.utils.launch_signals import Stopped
 
 #: How long a stopped worker may take to stop at its next safe point before it is killed (seconds).
 STOP_GRACE_S = 60.0
@@ -42,7 +43,7 @@ class StageBuildFailed(RuntimeError):
     """A stage built in a process of its own failed; the message names it, its exit status and its log."""
 
 
-def _one_device(devices, accelerator) -> bool:
+def one_device(devices, accelerator) -> bool:
     if isinstance(devices, (list, tuple)) or type(devices).__name__ == "ListConfig":
         return len(devices) == 1  # trainer.devices=[0]
     if str(devices) == "auto":  # every GPU there is: one worker would take them all
@@ -59,7 +60,7 @@ def check_jobs(jobs, cache: bool, processes: int, devices, accelerator=None) -> 
     if jobs > 1 and not cache:
         raise ValueError(f"jobs={jobs} builds the needed stages into the stage cache; with cache=false they are "
                          "built in the run folder one after another: drop jobs or cache=false")
-    if jobs > 1 and (processes > 1 or not _one_device(devices, accelerator)):
+    if jobs > 1 and (processes > 1 or not one_device(devices, accelerator)):
         raise ValueError(f"jobs={jobs} with trainer.devices={devices} ({processes} launched processes): every "
                          "process trains every stage on every device, so stages are built one after another; drop "
                          "jobs (or give the launch one device)")
@@ -80,18 +81,6 @@ def _tail(log: Path, lines: int = 15) -> str:
 
 def _status(code: int) -> str:
     return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit status {code}"
-
-
-class _Stop(KeyboardInterrupt):
-    """The launch was asked to stop (SIGTERM, SIGHUP) while stages were being built; the launch exits with
-    128 + the signal's number, as a process the signal ended (143 for SIGTERM)."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
-
-    def __reduce__(self):  # copied or pickled as it was made
-        return type(self), (self.signum,)
 
 
 def _stop(running: dict) -> None:
@@ -181,7 +170,7 @@ def build_stages(todo: list, jobs: int, run_dir: Path, overrides: list[str], ste
     waiting, running, failed = start_order(todo), {}, []  # running: out_dir -> (recipe, process, log, start time)
 
     def on_signal(signum, frame):  # the launch stopped: its workers stop too, as on Ctrl+C
-        raise _Stop(signum)
+        raise Stopped(signum)  # 128 + signum: 143 for SIGTERM, as a process the signal ended
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from omegaconf import OmegaConf
 
 from lrlhf.run.parallel import StageBuildFailed
 from lrlhf.run.planning import _stage_done, cache_folder
+from lrlhf.utils import launch_signals
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -21,10 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     from lrlhf.run.cli import ROOT, _build_stage, hold_stage, register
     from lrlhf.utils.console import setup_console, verbose_requested  # before transformers is imported
 
-    def stopped(signum, frame):  # the launch stopped this build before its training took the signal over
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, stopped)  # so the building folder is removed and the stage's lock released
+    # the launch stopping this build outside its training: the building folder is removed, the stage's lock released
+    launch_signals.install()
     spec = Path((sys.argv[1:] if argv is None else argv)[0])
     meta = json.loads(spec.with_suffix(".json").read_text())
     setup_console(verbose_requested([])[0], wandb_offline=True)  # the launch's --verbose: LRLHF_VERBOSE

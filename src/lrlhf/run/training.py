@@ -166,6 +166,9 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
     summary.update(atomic_save_children(out_dir, whole.export_stage))
     if cfg.get("eval") and whole.policy_name:
         from lrlhf.eval import compare_with_sft
+        from lrlhf.utils.launch_signals import stop_if_signalled
+
+        stop_if_signalled()  # a SIGTERM during the held-out test loop: not minutes of sampling first
         from lrlhf.models import load_causal_lm
 
         ev = cfg.eval
