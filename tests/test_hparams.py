@@ -50,8 +50,14 @@ def test_a_scale_s_ppo_shape_reaches_every_ppo_stage_and_the_command_line_wins(t
     assert toy.module.advantage.samples_per_prompt == 1  # a scale without the key: one answer a prompt
     mine, _ = _planned(tmp_path, "ppo_lora", [*base, "module.advantage.samples_per_prompt=2"])
     assert mine.module.advantage.samples_per_prompt == 2
-    rloo, _ = _planned(tmp_path, "rloo_lora", base)
-    assert rloo.module.advantage.samples_per_prompt == 4 and rloo.data.batch_size == 4  # RLOO's own group
+    for group in ("rloo_lora", "grpo_lora"):  # their own groups, and their own 20 rollouts (4 steps each)
+        cfg, _ = _planned(tmp_path, group, base)
+        assert cfg.module.advantage.samples_per_prompt == 4 and cfg.data.batch_size == 4, group
+        assert cfg.trainer.max_steps == 80 and cfg.module.config.total_steps == 80, group
+    plain, _ = _planned(tmp_path, "rloo_lora", ["world=toy_tiny", "model=smollm2"])
+    assert plain.trainer.max_steps == plain.module.config.total_steps == 40  # a scale without the key: PPO's
+    constraints, _ = _planned(tmp_path, "grpo_constraints", ["hparams=smollm2_full"])
+    assert constraints.trainer.max_steps == -1  # bounded by its rollouts, not by a scale's step count
 
 
 def test_smollm2_full_reaches_dpo(tmp_path):

@@ -115,13 +115,14 @@ import sys; sys.path[:0] = {[str(Path(__file__).parent)]!r}
 from pathlib import Path
 from test_parallel import _fake, _stage, _steps
 from lrlhf.run.parallel import build_stages
+from lrlhf.utils.launch_signals import Stopped
 cache = Path({str(tmp_path / "stages")!r})
 try:
     build_stages([_stage(cache, "a_60"), _stage(cache, "b_60")], 2, Path({str(tmp_path / "run")!r}), [], _steps(),
                  command=_fake, poll_s=0.05)
-except KeyboardInterrupt as stop:  # as lrlhf.run.cli.main ends a stopped launch
+except Stopped as stop:  # as lrlhf.run.cli.main ends a stopped launch
     print(f"interrupted ({{stop}})", file=sys.stderr)
-    sys.exit(128 + stop.signum)
+    sys.exit(stop.code)
 """
     launch = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True)
     pids = [tmp_path / "run" / "stage_logs" / f"{n}_60.pid" for n in "ab"]
@@ -187,8 +188,12 @@ def test_a_worker_refuses_a_config_that_no_longer_hashes_to_the_planned_stage(tm
     meta = {"recipe": "sft", "out_dir": str(tmp_path / "stages" / "sft-000000000000"), "run_dir": str(tmp_path),
             "overrides": []}
     spec.with_suffix(".json").write_text(json.dumps(meta))
-    with pytest.raises(StageBuildFailed, match="hashes to sft-[0-9a-f]{12}, not the planned sft-000000000000"):
-        stage_worker.main([str(spec)])
+    sigterm = signal.getsignal(signal.SIGTERM)  # the worker takes SIGTERM over: this test process gets it back
+    try:
+        with pytest.raises(StageBuildFailed, match="hashes to sft-[0-9a-f]{12}, not the planned sft-000000000000"):
+            stage_worker.main([str(spec)])
+    finally:
+        signal.signal(signal.SIGTERM, sigterm)
     assert not (tmp_path / "stages").exists()
 
 

@@ -23,7 +23,7 @@ def test_outside_a_trainer_run_a_sigterm_stops_at_once_and_the_handler_is_put_ba
             pass
         pytest.fail("no stop")
     assert stopped.value.signum == signal.SIGTERM and str(stopped.value) == "SIGTERM"
-    assert isinstance(stopped.value, KeyboardInterrupt)  # cli.main: 128 + 15, the stage being built dropped
+    assert isinstance(stopped.value, SystemExit) and stopped.value.code == 143  # as a process SIGTERM ended
     assert signal.getsignal(signal.SIGTERM) is before
     with launch_signals.handled(enabled=False):
         assert signal.getsignal(signal.SIGTERM) is before  # a launch of several processes: untouched
@@ -61,6 +61,43 @@ def test_a_sigterm_on_a_held_out_loop_s_last_batch_stops_the_launch_once_the_loo
         launch_signals.stop_if_signalled()  # a new launch starts with nothing pending
 
 
+class _SignalledWhileSetUp(_SignalledOnTheLastBatch):
+    def configure_model(self):  # PPO loads its models here, before Lightning takes SIGTERM over
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def test_a_sigterm_while_lightning_sets_a_run_up_exits_143_not_as_a_failure(tmp_path):
+    # a KeyboardInterrupt there is Lightning's "graceful shutdown": sys.exit(1), and Ctrl+C ignored afterwards
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(6, 2)), batch_size=2)
+    sigint = signal.getsignal(signal.SIGINT)
+    with pytest.raises(Stopped) as stopped, launch_signals.handled():
+        trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False,
+                             default_root_dir=str(tmp_path))
+        trainer.validate(_SignalledWhileSetUp(batches=3), dataloaders=loader, verbose=False)
+    assert stopped.value.code == 143 and signal.getsignal(signal.SIGINT) is sigint
+
+
+def test_the_next_training_of_the_launch_takes_a_signal_a_held_out_loop_recorded_over():
+    # a stage of several Trainers (an RM ensemble's members, iterative rounds): the next fit stops at its first
+    # safe point with a checkpoint, not after training in full
+    from lrlhf.callbacks import StopOnSignal
+
+    trainer = type("Trainer", (), {"received_sigterm": False, "is_global_zero": True})()
+    with launch_signals.handled():
+        launch_signals._pending = signal.SIGTERM  # as Lightning's composed handler records it
+        stop = StopOnSignal("rm")
+        stop.on_train_start(trainer, None)
+        stop._restore()
+        assert stop.received == signal.SIGTERM
+        launch_signals.stop_if_signalled()  # taken: not raised a second time
+        quiet = StopOnSignal("rm")
+        quiet.on_train_start(trainer, None)
+        quiet._restore()
+        assert quiet.received is None
+    launch_signals._pending = signal.SIGTERM  # with no launch handler (several processes): nothing recorded counts
+    assert launch_signals.take_pending() is None
+
+
 def test_a_stage_signalled_in_its_test_loop_is_kept_in_the_cache_and_the_launch_stops(tmp_path, monkeypatch):
     out_dir = tmp_path / "cache" / "stages" / "rm-0123456789ab"
     dep = OmegaConf.create({"logger": None, "paths": {"run_dir": "x"}})
@@ -76,9 +113,11 @@ def test_a_stage_signalled_in_its_test_loop_is_kept_in_the_cache_and_the_launch_
     assert (out_dir / "summary.json").is_file()  # the next launch reuses it
 
 
-def test_a_policy_signalled_in_its_test_loop_stops_before_its_comparison_s_sampling(tmp_path, monkeypatch):
+@pytest.mark.parametrize("own", [True, False])
+def test_a_policy_signalled_in_its_test_loop_stops_before_its_comparison_s_sampling(own, tmp_path, monkeypatch):
+    # the launch's own policy: exported, then stopped; one built into the cache goes on to be built, then stops
     class Whole:
-        policy_name = "ppo"
+        policy_name, model, tokenizer = "ppo", None, None
 
         def finish(self, data, out_dir, trained):
             launch_signals._pending = signal.SIGTERM  # its held-out loop took a SIGTERM Lightning lost
@@ -92,14 +131,24 @@ def test_a_policy_signalled_in_its_test_loop_stops_before_its_comparison_s_sampl
         def stage_summary(self, trainer, out_dir):
             return {}
 
-    def compare_with_sft(*args, **kwargs):
-        raise AssertionError("sampled after the stop")
-
+    sampled = []
     monkeypatch.setattr(training, "_whole", lambda cfg, module, trainer: Whole())
-    monkeypatch.setattr("lrlhf.eval.compare_with_sft", compare_with_sft)
-    cfg = OmegaConf.create({"eval": {"n_samples": 1}})
-    with pytest.raises(Stopped), launch_signals.handled():
-        training.finish_stage(cfg, Module(), object(), type("T", (), {"callbacks": []})(), tmp_path)
+    monkeypatch.setattr("lrlhf.eval.compare_with_sft", lambda *a, **k: sampled.append(1) or {})
+    monkeypatch.setattr(training, "model_config", lambda cfg: None)
+    monkeypatch.setattr("lrlhf.models.load_causal_lm", lambda config: None)
+    cfg = OmegaConf.create({"seed": 0, "eval": {"n_samples": 1, "prompts": [], "temperature": 1.0,
+                                                 "max_new_tokens": 4}})
+    trainer = type("T", (), {"callbacks": []})()
+    with launch_signals.handled():
+        if own:
+            with pytest.raises(Stopped):
+                training.finish_stage(cfg, Module(), object(), trainer, tmp_path, own=True)
+            assert not sampled
+        else:
+            training.finish_stage(cfg, Module(), object(), trainer, tmp_path, own=False)
+            assert sampled
+            with pytest.raises(Stopped):  # _build_stage's check, once the stage is in the cache
+                launch_signals.stop_if_signalled()
     assert (tmp_path / "model").is_dir()  # exported first: the run folder keeps the trained policy
 
 

@@ -52,6 +52,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from lrlhf.callbacks.checkpoint import ResumableCheckpoint, atomic_save_checkpoint
 from lrlhf.utils.compat import take_over_sigterm, validates_after_this_batch
+from lrlhf.utils.launch_signals import take_pending
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
@@ -111,7 +112,9 @@ class StopOnSignal(Callback):
         trainer.callbacks = [c for c in trainer.callbacks if c is not self] + [self]
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.received = signal.SIGTERM if take_over_sigterm(trainer) else None  # Lightning's flag cleared
+        lightning = take_over_sigterm(trainer)  # Lightning's flag, cleared: taken over
+        earlier = take_pending()  # the launch's: a SIGTERM in an earlier Trainer's held-out loop of this stage
+        self.received = signal.SIGTERM if lightning or earlier is not None else None
         self._announce = trainer.is_global_zero
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be set from the main thread

@@ -375,6 +375,10 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
     sys.argv = [sys.argv[0], *args]
     try:
         hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")(_task)()
+    except launch_signals.Stopped as stop:  # a SIGTERM outside training (SIGHUP too while jobs=N builds)
+        print(f"\nlrlhf: interrupted ({stop}); a stage being built is dropped, the stages built stay in the cache: "
+              "the same command goes on from them", file=sys.stderr, flush=True)
+        raise SystemExit(stop.code) from None  # 128 + the signal: 143 for SIGTERM, as a process the signal ended
     except SystemExit as stop:
         stopping = sys.modules.get("lrlhf.callbacks.stop")  # loaded by every run that trains
         lightning_errors = sys.modules.get("lightning.pytorch.utilities.exceptions")  # loaded with Lightning
@@ -389,11 +393,9 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
                 print(stop.message(args, prog), flush=True)
             _leave_launched_process(stop.code)
         raise
-    except KeyboardInterrupt as stop:  # Ctrl+C, or a SIGTERM outside training (SIGHUP too while jobs=N builds)
-        kept = ("; a stage being built is dropped, the stages built stay in the cache: the same command goes on from "
-                "them") if getattr(stop, "signum", signal.SIGINT) != signal.SIGINT else ""
-        print(f"\nlrlhf: interrupted ({str(stop) or 'Ctrl+C'}){kept}", file=sys.stderr, flush=True)
-        raise SystemExit(128 + getattr(stop, "signum", 2)) from None  # 130 for Ctrl+C (SIGINT), 143 for SIGTERM
+    except KeyboardInterrupt:  # Ctrl+C outside training
+        print("\nlrlhf: interrupted (Ctrl+C)", file=sys.stderr, flush=True)
+        raise SystemExit(128 + signal.SIGINT) from None  # 130
     _leave_launched_process(0)
 
 

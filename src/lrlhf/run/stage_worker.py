@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> None:
     from lrlhf.utils.console import setup_console, verbose_requested  # before transformers is imported
 
     # the launch stopping this build outside its training: the building folder is removed, the stage's lock released
-    launch_signals.install()
+    launch_signals.install(replace=True)  # an ignored SIGTERM inherited from the launch's parent included
     spec = Path((sys.argv[1:] if argv is None else argv)[0])
     meta = json.loads(spec.with_suffix(".json").read_text())
     setup_console(verbose_requested([])[0], wandb_offline=True)  # the launch's --verbose: LRLHF_VERBOSE

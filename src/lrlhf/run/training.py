@@ -131,7 +131,7 @@ def fit_stage(cfg: DictConfig, out_dir: Path, final_dir: Path | None = None) -> 
     if zero and cfg.get("ckpt_path") is not None:
         atomic_write_text(out_dir / "config.yaml", config_yaml)
     summary = {"stage": cfg.stage, "method": stage_label(cfg), "run_dir": str(out_dir),
-               **finish_stage(cfg, module, data, trainer, out_dir)}
+               **finish_stage(cfg, module, data, trainer, out_dir, own=final_dir == out_dir)}
     summary = json.loads(json.dumps(summary, default=str).replace(str(out_dir), str(final_dir)))
     if zero:
         atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -149,10 +149,11 @@ def _whole(cfg, module, trainer):
     return whole_module(module, trainer, lambda: instantiate(cfg.module, tokenizer=module.tokenizer, _convert_="all"))
 
 
-def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
+def finish_stage(cfg, module, data, trainer, out_dir: Path, own: bool = True) -> dict:
     """What every stage leaves behind, by the modules' one contract (:mod:`lrlhf.modules.stage`): the figures of
     training, the callbacks' part (early stopping restores its chosen checkpoint), then on global rank 0 the
-    module's held-out evaluations, its export (swapped into place), and for a policy the comparison with SFT."""
+    module's held-out evaluations, its export (swapped into place), and for a policy the comparison with SFT.
+    ``own``: the launch's own stage (not one built into the cache, which a SIGTERM stops once it is built)."""
     summary = module.stage_summary(trainer, out_dir)  # every rank
     if getattr(data, "reports", None):
         summary["data"] = dict(data.reports)  # per split: records, kept, every drop by reason
@@ -168,7 +169,8 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path) -> dict:
         from lrlhf.eval import compare_with_sft
         from lrlhf.utils.launch_signals import stop_if_signalled
 
-        stop_if_signalled()  # a SIGTERM during the held-out test loop: not minutes of sampling first
+        if own:  # a SIGTERM during the held-out loop: the export is written, no minutes of sampling first
+            stop_if_signalled()
         from lrlhf.models import load_causal_lm
 
         ev = cfg.eval
