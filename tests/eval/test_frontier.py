@@ -5,7 +5,7 @@ import math
 import pytest
 
 from lrlhf.eval.best_of_n import bon_kl
-from lrlhf.eval.frontier import curve_at, gap_to_curve, mean_curve, per_prompt_curves
+from lrlhf.eval.frontier import MAX_POOL, beyond_the_curves, curve_at, gap_to_curve, mean_curve, per_prompt_curves
 
 
 def test_curves_by_hand():
@@ -68,3 +68,18 @@ def test_a_wandb_logger_gets_the_table_both_best_of_n_curves_and_the_goodhart_cu
                                                                                  ["gold", 4, 0.6, 0.8]])
     assert logger.tables["eval/goodhart"] == (list(GOODHART_COLUMNS), [[point[c] for c in GOODHART_COLUMNS]])
     assert logger.images == {"eval/goodhart": ["goodhart.png"]}
+
+
+@pytest.mark.parametrize("kl", [3.382, bon_kl(80), 3.18, 5.0, math.log(MAX_POOL) - 1])
+def test_a_policy_beyond_the_curves_is_named_with_the_smallest_pool_that_reaches_it(kl):
+    (line,) = beyond_the_curves({"sft": 0.0, "bon64": bon_kl(64), "ppo": kl, "none": None}, 64)
+    n = int(line.split("eval.bon.curve_max=")[1].split()[0])
+    assert bon_kl(n) >= kl > bon_kl(n - 1) and n > 64  # the smallest N whose KL reaches the policy's
+    assert line.startswith(f"eval: ppo's KL {kl:.2f} is beyond the Best-of-N curves (N <= 64: KL <= 3.17)")
+    assert gap_to_curve([0.0], [[0.0] * 64], kl) is None  # what the line explains: a blank gap
+
+
+def test_a_kl_no_pool_reaches_is_said_so():
+    (line,) = beyond_the_curves({"weak_kl": 30.0}, 64)
+    assert "beyond any pool" in line and "curve_max=" not in line
+    assert beyond_the_curves({"ppo": bon_kl(64)}, 64) == []  # on the curve's end: placed

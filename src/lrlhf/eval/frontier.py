@@ -60,4 +60,27 @@ def gap_to_curve(gold_per_prompt: Sequence[float], curves: Sequence[Sequence[flo
     return sum(diff) / len(diff), bootstrap_interval(diff, n_resamples=n_resamples, seed=seed)
 
 
-__all__ = ["curve_at", "gap_to_curve", "mean_curve", "per_prompt_curves"]
+MAX_POOL = 4096  #: the largest Best-of-N pool a line suggests (samples a prompt)
+
+
+def beyond_the_curves(kls: dict[str, float], curve_max: int) -> list[str]:
+    """For each policy (``name -> KL``) whose KL is beyond Best-of-N's largest N, the line that says so: its gaps to
+    the curves are left blank (a curve is not extrapolated), and the ``eval.bon.curve_max`` that would place it."""
+    end = bon_kl(curve_max)
+    lines = []
+    for name, kl in kls.items():
+        if kl is None or kl <= end:
+            continue
+        low, high = curve_max, curve_max * 2  # the smallest N whose KL reaches it: log N - (N - 1) / N, increasing
+        while bon_kl(high) < kl:
+            low, high = high, high * 2
+        while high - low > 1:
+            low, high = (low, (low + high) // 2) if bon_kl((low + high) // 2) >= kl else ((low + high) // 2, high)
+        reach = (f"eval.bon.curve_max={high} reaches it (a pool of {high} samples a prompt)" if high <= MAX_POOL else
+                 f"Best-of-{high:.1e} would be needed, beyond any pool")
+        lines.append(f"eval: {name}'s KL {kl:.2f} is beyond the Best-of-N curves (N <= {curve_max}: KL <= {end:.2f}); "
+                     f"its gaps to them are left blank: {reach}")
+    return lines
+
+
+__all__ = ["beyond_the_curves", "curve_at", "gap_to_curve", "mean_curve", "per_prompt_curves"]

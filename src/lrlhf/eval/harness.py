@@ -36,7 +36,7 @@ from pathlib import Path
 from lrlhf.data.records import PromptExample
 from lrlhf.eval.best_of_n import bon_kl
 from lrlhf.eval.diversity import distinct_n, self_similarity
-from lrlhf.eval.frontier import gap_to_curve, mean_curve, per_prompt_curves
+from lrlhf.eval.frontier import beyond_the_curves, gap_to_curve, mean_curve, per_prompt_curves
 from lrlhf.eval.judges import is_pairwise, judge_accuracy, judge_pairs, resolve_judge, score_responses
 from lrlhf.eval.lc_winrate import length_controlled_win_rate
 from lrlhf.eval.plots import plot_goodhart, plot_utility_vs_kl
@@ -314,6 +314,8 @@ def run_eval(ev: EvalSettings, out_dir: Path, seed: int, goodhart_folder: str | 
     if ev.bon.gold_curve:  # the frontier: each policy's gold against both curves at its own KL
         for row, samples in zip(rows, evaluated.values(), strict=True):
             row.update(_frontier_gaps(samples, row["kl_seq"], curves, ev.n_resamples, seed))
+        for line in beyond_the_curves({r["policy"]: r["kl_seq"] for r in rows}, ev.bon.curve_max) if curves else ():
+            print(line, flush=True)
     columns = [c for c in TABLE_COLUMNS if any(r.get(c) is not None for r in rows)]
     every = list(dict.fromkeys(k for r in rows for k in r))  # the CSV keeps every figure, the Markdown the main ones
     md, csv_path = write_table(rows, out_dir / "eval_table", columns, csv_columns=every)
