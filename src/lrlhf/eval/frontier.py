@@ -71,13 +71,9 @@ def beyond_the_curves(kls: dict[str, float], curve_max: int) -> list[str]:
     for name, kl in kls.items():
         if kl is None or kl <= end:
             continue
-        low, high = curve_max, curve_max * 2  # the smallest N whose KL reaches it: log N - (N - 1) / N, increasing
-        while bon_kl(high) < kl:
-            low, high = high, high * 2
-        while high - low > 1:
-            low, high = (low, (low + high) // 2) if bon_kl((low + high) // 2) >= kl else ((low + high) // 2, high)
-        reach = (f"eval.bon.curve_max={high} reaches it (a pool of {high} samples a prompt)" if high <= MAX_POOL else
-                 f"Best-of-{high:.1e} would be needed, beyond any pool")
+        n = next((n for n in range(curve_max + 1, MAX_POOL + 1) if bon_kl(n) >= kl), None)  # the smallest N
+        reach = (f"eval.bon.curve_max={n} reaches it (a pool of {n} samples a prompt)" if n is not None else
+                 f"Best-of-N above {MAX_POOL} would be needed, beyond any pool")
         lines.append(f"eval: {name}'s KL {kl:.2f} is beyond the Best-of-N curves (N <= {curve_max}: KL <= {end:.2f}); "
                      f"its gaps to them are left blank: {reach}")
     return lines

@@ -23,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lrlhf.run.cache_hints import threads_hints
 from lrlhf.run.own_reward import replace_target_nodes, settle_own_reward
-from lrlhf.run.parallel import StageBuildFailed, build_stages, check_jobs, one_device
+from lrlhf.run.parallel import StageBuildFailed, build_stages, check_jobs, one_process
 from lrlhf.run.planning import (
     OWNER_FILE,
     _building_folder,
@@ -140,8 +140,8 @@ def _one_process(cfg: DictConfig) -> bool:
     """A launch of one process on one device (no rank of it would wait for another that stopped on its own)."""
     from lrlhf.utils.distributed import launched_processes
 
-    return launched_processes() <= 1 and one_device(OmegaConf.select(cfg, "trainer.devices"),
-                                                    OmegaConf.select(cfg, "trainer.accelerator"))
+    return one_process(launched_processes(), OmegaConf.select(cfg, "trainer.devices"),
+                       OmegaConf.select(cfg, "trainer.accelerator"))
 
 
 class RunFolderInUse(ValueError):
@@ -375,18 +375,17 @@ def main(argv: list[str] | None = None, prog: str = "python train.py") -> None:
     sys.argv = [sys.argv[0], *args]
     try:
         hydra.main(version_base="1.3", config_path=str(ROOT / "configs"), config_name="train")(_task)()
-    except launch_signals.Stopped as stop:  # a SIGTERM outside training (SIGHUP too while jobs=N builds)
-        print(f"\nlrlhf: interrupted ({stop}); a stage being built is dropped, the stages built stay in the cache: "
-              "the same command goes on from them", file=sys.stderr, flush=True)
-        raise SystemExit(stop.code) from None  # 128 + the signal: 143 for SIGTERM, as a process the signal ended
     except SystemExit as stop:
         stopping = sys.modules.get("lrlhf.callbacks.stop")  # loaded by every run that trains
         lightning_errors = sys.modules.get("lightning.pytorch.utilities.exceptions")  # loaded with Lightning
-        if lightning_errors is not None and isinstance(stop, lightning_errors.SIGTERMException):
-            # Lightning's, outside training (a stage's test loop), a SystemExit with no status: it exited 0
-            print("\nlrlhf: stopped by SIGTERM outside training (the stage being built is dropped; the stages built "
-                  "before it stay in the cache: the same command goes on from them)", file=sys.stderr, flush=True)
-            raise SystemExit(128 + signal.SIGTERM) from None
+        if isinstance(stop, launch_signals.Stopped) or (
+                lightning_errors is not None and isinstance(stop, lightning_errors.SIGTERMException)):
+            # a SIGTERM outside training (SIGHUP too while jobs=N builds), or Lightning's from a stage's test loop
+            # (a SystemExit with no status: it exited 0)
+            signum = getattr(stop, "signum", signal.SIGTERM)
+            print(f"\nlrlhf: interrupted ({signal.Signals(signum).name}); a stage being built is dropped, the stages "
+                  "built stay in the cache: the same command goes on from them", file=sys.stderr, flush=True)
+            raise SystemExit(128 + signum) from None  # 143 for SIGTERM, as a process the signal ended
         if stopping is not None and isinstance(stop, stopping.TrainingStopped):
             close_process_group()  # every rank stopped at the same boundary; none may exit with the group open
             if stop.global_zero:

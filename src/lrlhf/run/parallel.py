@@ -43,7 +43,7 @@ class StageBuildFailed(RuntimeError):
     """A stage built in a process of its own failed; the message names it, its exit status and its log."""
 
 
-def one_device(devices, accelerator) -> bool:
+def _one_device(devices, accelerator) -> bool:
     if isinstance(devices, (list, tuple)) or type(devices).__name__ == "ListConfig":
         return len(devices) == 1  # trainer.devices=[0]
     if str(devices) == "auto":  # every GPU there is: one worker would take them all
@@ -53,6 +53,11 @@ def one_device(devices, accelerator) -> bool:
     return str(devices) in ("1", "None")
 
 
+def one_process(processes: int, devices, accelerator=None) -> bool:
+    """A launch of one process on one device (``trainer.devices``): it trains each stage alone, and may stop alone."""
+    return processes <= 1 and _one_device(devices, accelerator)
+
+
 def check_jobs(jobs, cache: bool, processes: int, devices, accelerator=None) -> int:
     """``jobs`` as an integer >= 1; several only for cached stages of a one-process, one-device launch."""
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
@@ -60,7 +65,7 @@ def check_jobs(jobs, cache: bool, processes: int, devices, accelerator=None) -> 
     if jobs > 1 and not cache:
         raise ValueError(f"jobs={jobs} builds the needed stages into the stage cache; with cache=false they are "
                          "built in the run folder one after another: drop jobs or cache=false")
-    if jobs > 1 and (processes > 1 or not one_device(devices, accelerator)):
+    if jobs > 1 and not one_process(processes, devices, accelerator):
         raise ValueError(f"jobs={jobs} with trainer.devices={devices} ({processes} launched processes): every "
                          "process trains every stage on every device, so stages are built one after another; drop "
                          "jobs (or give the launch one device)")

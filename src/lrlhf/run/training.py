@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from lrlhf.run.planning import RESUMABLE_CHANGES, run_config
 from lrlhf.utils.io import atomic_save_children, atomic_write_text
+from lrlhf.utils.launch_signals import stop_if_signalled
 
 
 def at_folder(cfg: DictConfig, out_dir: Path) -> DictConfig:
@@ -166,11 +167,9 @@ def finish_stage(cfg, module, data, trainer, out_dir: Path, own: bool = True) ->
     summary.update(whole.finish(data, out_dir, trained=module))
     summary.update(atomic_save_children(out_dir, whole.export_stage))
     if cfg.get("eval") and whole.policy_name:
-        from lrlhf.eval import compare_with_sft
-        from lrlhf.utils.launch_signals import stop_if_signalled
-
         if own:  # a SIGTERM during the held-out loop: the export is written, no minutes of sampling first
             stop_if_signalled()
+        from lrlhf.eval import compare_with_sft
         from lrlhf.models import load_causal_lm
 
         ev = cfg.eval
